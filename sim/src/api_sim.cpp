@@ -1,0 +1,136 @@
+// The common call path (api.h) and the sim-only exports (simcuda.h and the
+// CUPTI bridge).
+#include <simcuda.h>
+
+#include <cstring>
+
+#include "api.h"
+#include "memory.h"
+
+namespace sim::api {
+namespace {
+thread_local uint32_t t_correlation = 0;
+}
+
+uint32_t current_correlation() { return t_correlation; }
+
+CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_size, Cost cost,
+                   CUresult (*body)(void*), void* body_ctx) {
+  // cuda.h (cuLaunchHostFunc): a host function must not call CUDA.
+  if (stream::in_host_function())
+    return refuse(CUDA_ERROR_NOT_PERMITTED, "%s called from a host function", name);
+  const CUresult injected = faults::on_call(name);
+  State* st = state();
+  if (st) clock::advance(cost == Cost::kLaunch ? st->config.launch_ns : st->config.api_ns);
+  const uint32_t corr = st ? st->next_correlation.fetch_add(1) : 0;
+  const uint32_t outer = t_correlation;
+  t_correlation = corr;
+
+  const simbridge::Hooks* hooks = cupti_hooks();
+  CUcontext ctx_handle = nullptr;
+  uint32_t ctx_id = 0;
+  if (hooks && st && !context_stack().empty() && context_stack().back()) {
+    ctx_handle = reinterpret_cast<CUcontext>(context_stack().back());
+    ctx_id = context_stack().back()->id;
+  }
+  uint64_t correlation_data = 0;
+  CUresult result = CUDA_SUCCESS;
+  if (hooks && hooks->api)
+    hooks->api(cbid, false, name, params, &result, ctx_handle, ctx_id, corr, &correlation_data);
+  result = injected != CUDA_SUCCESS ? injected : body(body_ctx);
+  if (injected != CUDA_SUCCESS) refuse(injected, "%s: injected failure (SIMCUDA_FAIL)", name);
+  if (hooks && hooks->api)
+    hooks->api(cbid, true, name, params, &result, ctx_handle, ctx_id, corr, &correlation_data);
+  // CUPTI documents functionParams as valid only during the callback; make
+  // a subscriber that keeps the pointer read garbage, not stale truth.
+  std::memset(params, 0xA5, params_size);
+  t_correlation = outer;
+  return result;
+}
+
+}  // namespace sim::api
+
+using namespace sim;
+
+extern "C" {
+
+__attribute__((visibility("default"))) bool simcuda_cupti_attach(const simbridge::Hooks* hooks,
+                                                                 simbridge::DriverInfo* info) {
+  if (hooks && hooks->version != simbridge::kVersion) return false;
+  if (info) {
+    info->now_ns = [] { return clock::now(); };
+    info->context_id = [](CUcontext c) -> uint32_t {
+      Context* ctx = context_from_handle(c);
+      return ctx ? ctx->id : 0;
+    };
+    info->device_id = [](CUcontext c) -> uint32_t {
+      Context* ctx = context_from_handle(c);
+      return ctx ? static_cast<uint32_t>(ctx->device) : 0;
+    };
+    info->stream_id = [](CUcontext c, CUstream h) -> uint32_t {
+      Context* ctx = context_from_handle(c);
+      std::shared_ptr<Stream> s;
+      if (!ctx || stream::resolve(ctx, h, &s) != CUDA_SUCCESS) return 0;
+      return s->stream_id;
+    };
+  }
+  set_cupti_hooks(hooks);
+  return true;
+}
+
+uint64_t simcuda_now_ns(void) { return clock::now(); }
+void simcuda_host_advance_ns(uint64_t ns) { clock::advance(ns); }
+
+uint64_t simcuda_device_idle_at_ns(int device) {
+  State* st = state();
+  if (!st || device < 0 || device >= static_cast<int>(st->devices.size())) return 0;
+  return st->devices[static_cast<size_t>(device)]->idle_at.load();
+}
+
+uint64_t simcuda_call_count(const char* name) { return name ? faults::count(name) : 0; }
+
+void simcuda_get_memory_stats(int device, simcuda_memory_stats* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof *out);
+  mem::Stats s = mem::stats(device);
+  out->device_capacity = s.device_capacity;
+  out->device_used = s.device_used;
+  out->device_peak = s.device_peak;
+  out->host_capacity = s.host_capacity;
+  out->host_used = s.host_used;
+  out->host_peak = s.host_peak;
+  State* st = state();
+  if (st && device >= 0 && device < static_cast<int>(st->devices.size())) {
+    Device& d = *st->devices[static_cast<size_t>(device)];
+    out->bytes_h2d = d.bytes_h2d.load();
+    out->bytes_d2h = d.bytes_d2h.load();
+    out->remote_access_bytes = d.remote_access_bytes.load();
+  }
+}
+
+CUresult simcuda_set_external_usage(int device, uint64_t bytes) {
+  if (!state()) return CUDA_ERROR_NOT_INITIALIZED;
+  return mem::set_external_usage(device, bytes);
+}
+
+CUresult simcuda_sticky_error(int device, char* buf, size_t len) {
+  State* st = state();
+  if (!st) return CUDA_ERROR_NOT_INITIALIZED;
+  if (device < 0 || device >= static_cast<int>(st->primary.size())) return CUDA_ERROR_INVALID_DEVICE;
+  Context& ctx = *st->primary[static_cast<size_t>(device)];
+  std::lock_guard lk(ctx.sticky_mu);
+  if (buf && len) {
+    std::strncpy(buf, ctx.sticky_what.c_str(), len - 1);
+    buf[len - 1] = '\0';
+  }
+  return ctx.sticky.load();
+}
+
+CUresult simcuda_fail_call(const char* name, uint64_t nth, int and_after, CUresult error) {
+  if (!name || !faults::add(name, nth, and_after != 0, error)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+void simcuda_clear_faults(void) { faults::clear(); }
+
+}  // extern "C"

@@ -1,0 +1,150 @@
+#include "config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include <unistd.h>
+
+namespace sim {
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || !std::isfinite(v) || v < 0) return std::nullopt;
+  std::string unit(end);
+  struct Unit {
+    const char* name;
+    double mult;
+  };
+  static constexpr Unit kUnits[] = {{"", 1},         {"B", 1},        {"KiB", 1024.0},
+                                    {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1099511627776.0},
+                                    {"KB", 1e3},      {"MB", 1e6},     {"GB", 1e9},
+                                    {"TB", 1e12}};
+  for (const Unit& u : kUnits) {
+    if (unit == u.name) {
+      double bytes = v * u.mult;
+      if (bytes > 1.8e19 || bytes != std::floor(bytes)) return std::nullopt;
+      return static_cast<uint64_t>(bytes);
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::optional<uint64_t> parse_uint(const std::string& text) {
+  if (text.empty() || text[0] == '-') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_positive(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || *end != '\0' || !(v > 0) || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
+
+struct Reader {
+  std::string* error;
+  bool ok = true;
+
+  const char* get(const char* name) {
+    const char* v = std::getenv(name);
+    return (v && *v) ? v : nullptr;
+  }
+  void fail(const char* name, const char* value, const char* accepted) {
+    if (!ok) return;
+    ok = false;
+    *error = std::string("simcuda: ") + name + "='" + value + "' is not valid; accepted: " + accepted;
+  }
+  void size(const char* name, uint64_t* out, uint64_t min) {
+    if (const char* v = get(name)) {
+      auto s = parse_size(v);
+      if (!s || *s < min) return fail(name, v, "a byte size such as 80GiB, 512MiB, 1.5GB or 4096");
+      *out = *s;
+    }
+  }
+  void uint(const char* name, uint64_t* out, uint64_t min, uint64_t max) {
+    if (const char* v = get(name)) {
+      auto s = parse_uint(v);
+      if (!s || *s < min || *s > max) {
+        std::string acc = "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+        return fail(name, v, acc.c_str());
+      }
+      *out = *s;
+    }
+  }
+  void gbps(const char* name, double* out) {
+    if (const char* v = get(name)) {
+      auto s = parse_positive(v);
+      if (!s) return fail(name, v, "a positive number of GB/s (10^9 bytes per second), e.g. 55");
+      *out = *s;  // GB/s == bytes per ns
+    }
+  }
+  void flag(const char* name, bool* out) {
+    if (const char* v = get(name)) {
+      if (std::strcmp(v, "0") == 0) *out = false;
+      else if (std::strcmp(v, "1") == 0) *out = true;
+      else fail(name, v, "0 or 1");
+    }
+  }
+};
+
+}  // namespace
+
+std::optional<Config> load_config(std::string* error) {
+  Config c;
+  Reader r{error};
+  uint64_t devices = static_cast<uint64_t>(c.device_count);
+  r.uint("SIMCUDA_DEVICE_COUNT", &devices, 1, 8);
+  c.device_count = static_cast<int>(devices);
+  r.size("SIMCUDA_DEVICE_MEMORY", &c.device_memory, 1);
+  r.size("SIMCUDA_HOST_MEMORY", &c.host_memory, 1);
+  r.size("SIMCUDA_GRANULARITY", &c.granularity, 4096);
+  if (r.ok && (c.granularity & (c.granularity - 1)) != 0)
+    r.fail("SIMCUDA_GRANULARITY", std::getenv("SIMCUDA_GRANULARITY"), "a power of two >= 4096");
+  r.gbps("SIMCUDA_H2D_GBPS", &c.h2d_bytes_per_ns);
+  r.gbps("SIMCUDA_D2H_GBPS", &c.d2h_bytes_per_ns);
+  r.gbps("SIMCUDA_BIDIR_GBPS", &c.bidir_bytes_per_ns);
+  r.gbps("SIMCUDA_HBM_GBPS", &c.hbm_bytes_per_ns);
+  r.uint("SIMCUDA_API_NS", &c.api_ns, 0, 1000000000);
+  r.uint("SIMCUDA_LAUNCH_NS", &c.launch_ns, 0, 1000000000);
+  r.uint("SIMCUDA_JITTER", &c.jitter_seed, 0, UINT64_MAX);
+  r.uint("SIMCUDA_JITTER_MAX_US", &c.jitter_max_us, 1, 1000000);
+  r.flag("SIMCUDA_HOST_NUMA_VMM", &c.host_numa_vmm);
+  r.flag("SIMCUDA_CONCURRENT_MANAGED", &c.concurrent_managed);
+  r.flag("SIMCUDA_LOG", &c.log);
+  if (const char* v = r.get("SIMCUDA_FAIL")) c.fail_spec = v;
+  // A misspelt variable would silently leave a default in place: refuse it.
+  static constexpr const char* kKnown[] = {
+      "SIMCUDA_DEVICE_COUNT", "SIMCUDA_DEVICE_MEMORY", "SIMCUDA_HOST_MEMORY",
+      "SIMCUDA_GRANULARITY",  "SIMCUDA_H2D_GBPS",      "SIMCUDA_D2H_GBPS",
+      "SIMCUDA_BIDIR_GBPS",   "SIMCUDA_HBM_GBPS",      "SIMCUDA_API_NS",
+      "SIMCUDA_LAUNCH_NS",    "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
+      "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED", "SIMCUDA_LOG",
+      "SIMCUDA_FAIL"};
+  for (char** e = environ; r.ok && e && *e; ++e) {
+    if (std::strncmp(*e, "SIMCUDA_", 8) != 0) continue;
+    std::string name(*e, std::strcspn(*e, "="));
+    bool known = false;
+    for (const char* k : kKnown) known = known || name == k;
+    if (!known) {
+      r.ok = false;
+      *error = "simcuda: unknown variable " + name + " (see docs/sim.md for the SIMCUDA_* list)";
+    }
+  }
+  if (!r.ok) return std::nullopt;
+  return c;
+}
+
+}  // namespace sim

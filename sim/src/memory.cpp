@@ -1,0 +1,650 @@
+#include "memory.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "stream.h"
+
+namespace sim::mem {
+namespace {
+
+constexpr size_t kPage = 4096;
+// Offsets into the backing memfd are never reused; the file is sparse and a
+// released allocation's pages are punched out, so its size costs nothing.
+constexpr uint64_t kBackingSize = 1ull << 50;
+
+struct Physical {
+  uint64_t id = 0;
+  uint64_t offset = 0;  // into the backing memfd
+  size_t size = 0;
+  bool host = false;    // host-located (CU_MEM_LOCATION_TYPE_HOST / HOST_NUMA)
+  int device = 0;       // device-located: ordinal; host-located: device whose context created it
+  CUmemAllocationProp prop{};
+  int mappings = 0;
+  bool released = false;
+};
+
+struct Mapping {
+  uintptr_t va = 0;
+  size_t size = 0;
+  std::shared_ptr<Physical> phys;
+  unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+};
+
+struct Reservation {
+  uintptr_t base = 0;
+  size_t size = 0;
+  int device = 0;
+  bool classic = false;  // made by cuMemAlloc, not visible to the VMM API
+  std::map<uintptr_t, Mapping> maps;
+};
+
+struct HostRange {
+  uintptr_t base;
+  size_t size;
+  bool allocated;  // cuMemHostAlloc (we own it) vs cuMemHostRegister
+};
+
+struct DeviceUsage {
+  uint64_t used = 0, peak = 0, external = 0;
+};
+
+struct Memory {
+  std::mutex mu;
+  Config cfg;
+  int fd = -1;
+  uint64_t next_offset = 0;
+  uint64_t next_handle = 0xA110C000;
+  std::map<uintptr_t, Reservation> reservations;  // by base
+  std::unordered_map<uint64_t, std::shared_ptr<Physical>> handles;
+  std::map<uintptr_t, HostRange> host_ranges;  // by base
+  std::vector<DeviceUsage> dev;
+  uint64_t host_used = 0, host_peak = 0;
+};
+
+Memory& M() {
+  static Memory* m = new Memory;  // never destroyed: workers may outlive exit
+  return *m;
+}
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+Reservation* find_reservation(Memory& m, uintptr_t p) {
+  auto it = m.reservations.upper_bound(p);
+  if (it == m.reservations.begin()) return nullptr;
+  --it;
+  Reservation& r = it->second;
+  return p < r.base + r.size ? &r : nullptr;
+}
+
+Mapping* find_mapping(Reservation& r, uintptr_t p) {
+  auto it = r.maps.upper_bound(p);
+  if (it == r.maps.begin()) return nullptr;
+  --it;
+  return p < it->second.va + it->second.size ? &it->second : nullptr;
+}
+
+const HostRange* find_host(Memory& m, uintptr_t p) {
+  auto it = m.host_ranges.upper_bound(p);
+  if (it == m.host_ranges.begin()) return nullptr;
+  --it;
+  return p < it->second.base + it->second.size ? &it->second : nullptr;
+}
+
+bool overlaps_host(Memory& m, uintptr_t lo, uintptr_t hi) {
+  auto it = m.host_ranges.lower_bound(hi);
+  if (it == m.host_ranges.begin()) return false;
+  --it;
+  return it->second.base + it->second.size > lo;
+}
+
+CUresult charge_device(Memory& m, int device, uint64_t bytes) {
+  DeviceUsage& u = m.dev[device];
+  if (u.used + u.external + bytes > m.cfg.device_memory)
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY,
+                  "device %d out of memory: %llu used + %llu external + %llu requested > %llu",
+                  device, (unsigned long long)u.used, (unsigned long long)u.external,
+                  (unsigned long long)bytes, (unsigned long long)m.cfg.device_memory);
+  u.used += bytes;
+  u.peak = std::max(u.peak, u.used + u.external);
+  return CUDA_SUCCESS;
+}
+
+CUresult charge_host(Memory& m, uint64_t bytes) {
+  if (m.host_used + bytes > m.cfg.host_memory)
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "host memory cap reached: %llu used + %llu > %llu",
+                  (unsigned long long)m.host_used, (unsigned long long)bytes,
+                  (unsigned long long)m.cfg.host_memory);
+  m.host_used += bytes;
+  m.host_peak = std::max(m.host_peak, m.host_used);
+  return CUDA_SUCCESS;
+}
+
+void uncharge(Memory& m, const Physical& p) {
+  if (p.host) m.host_used -= p.size;
+  else m.dev[p.device].used -= p.size;
+}
+
+// Returns physical memory to the system once it is neither mapped nor owned.
+void maybe_free(Memory& m, const std::shared_ptr<Physical>& p) {
+  if (!p->released || p->mappings > 0) return;
+  fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(p->offset),
+            static_cast<off_t>(p->size));
+  uncharge(m, *p);
+  m.handles.erase(p->id);
+}
+
+void* map_fixed_none(uintptr_t va, size_t size) {
+  return mmap(reinterpret_cast<void*>(va), size, PROT_NONE,
+              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+}
+
+int prot_of(unsigned long long access) {
+  switch (access) {
+    case CU_MEM_ACCESS_FLAGS_PROT_READ: return PROT_READ;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return PROT_READ | PROT_WRITE;
+    default: return PROT_NONE;
+  }
+}
+
+// Reserves VA with the requested alignment (mmap only guarantees pages).
+uintptr_t reserve_va(size_t size, size_t alignment, uintptr_t hint) {
+  size_t span = size + alignment;
+  void* p = mmap(reinterpret_cast<void*>(hint), span, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  uintptr_t raw = reinterpret_cast<uintptr_t>(p);
+  uintptr_t base = round_up(raw, alignment);
+  if (base > raw) munmap(p, base - raw);
+  uintptr_t end = raw + span;
+  if (end > base + size) munmap(reinterpret_cast<void*>(base + size), end - (base + size));
+  return base;
+}
+
+// The mappings exactly covering [lo, hi) in one reservation, or an error:
+// cuMemUnmap / cuMemSetAccess act on whole mappings only.
+CUresult whole_mappings(Memory& m, uintptr_t lo, size_t size, const char* api,
+                        std::vector<Mapping*>* out, Reservation** res) {
+  uintptr_t hi = lo + size;
+  Reservation* r = find_reservation(m, lo);
+  if (!r || r->classic || size == 0 || hi > r->base + r->size)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "%s: [%#lx, +%zu) is not inside one VA reservation",
+                  api, lo, size);
+  uintptr_t at = lo;
+  while (at < hi) {
+    auto it = r->maps.find(at);
+    if (it == r->maps.end()) {
+      Mapping* inside = find_mapping(*r, at);
+      if (inside)
+        return refuse(CUDA_ERROR_INVALID_VALUE,
+                      "%s: %#lx is inside the mapping [%#lx, +%zu); only whole mappings can be "
+                      "unmapped or given access (cuda.h: cuMemUnmap)",
+                      api, at, inside->va, inside->size);
+      return refuse(CUDA_ERROR_INVALID_VALUE, "%s: %#lx is not mapped", api, at);
+    }
+    if (at + it->second.size > hi)
+      return refuse(CUDA_ERROR_INVALID_VALUE,
+                    "%s: range ends inside the mapping [%#lx, +%zu) (partial unmap/access)", api,
+                    it->second.va, it->second.size);
+    out->push_back(&it->second);
+    at += it->second.size;
+  }
+  *res = r;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void init(const Config& cfg) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  m.cfg = cfg;
+  m.dev.assign(static_cast<size_t>(cfg.device_count), DeviceUsage{});
+  if (m.fd < 0) {
+    m.fd = memfd_create("simcuda-physical", MFD_CLOEXEC);
+    if (m.fd >= 0 && ftruncate(m.fd, static_cast<off_t>(kBackingSize)) != 0) {
+      close(m.fd);
+      m.fd = -1;
+    }
+  }
+}
+
+CUresult address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                         unsigned long long flags) {
+  Memory& m = M();
+  if (!ptr || size == 0 || flags != 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve: null ptr, zero size or flags");
+  if (alignment == 0) alignment = m.cfg.granularity;
+  if ((alignment & (alignment - 1)) != 0 || size % kPage != 0 || addr % kPage != 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemAddressReserve: size %zu / addr %#llx must be page multiples and "
+                  "alignment %zu a power of two (cuda.h)",
+                  size, addr, alignment);
+  alignment = std::max(alignment, kPage);
+  uintptr_t base = reserve_va(size, alignment, addr);
+  if (!base) return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve: no VA for %zu", size);
+  int device = 0;
+  Context* ctx = nullptr;
+  if (current_context(&ctx) == CUDA_SUCCESS) device = ctx->device;
+  std::lock_guard lk(m.mu);
+  Reservation& r = m.reservations[base];
+  r.base = base;
+  r.size = size;
+  r.device = device;
+  *ptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult address_free(CUdeviceptr ptr, size_t size) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  auto it = m.reservations.find(ptr);
+  if (it == m.reservations.end() || it->second.classic || it->second.size != size)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemAddressFree: [%#llx, +%zu) is not a reservation (ptr and size must match "
+                  "cuMemAddressReserve)",
+                  ptr, size);
+  if (!it->second.maps.empty())
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemAddressFree: reservation %#llx still has %zu mapping(s); unmap first", ptr,
+                  it->second.maps.size());
+  munmap(reinterpret_cast<void*>(ptr), size);
+  m.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                unsigned long long flags) {
+  Memory& m = M();
+  if (!handle || !prop || flags != 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: null argument or nonzero flags");
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: only CU_MEM_ALLOCATION_TYPE_PINNED");
+  if (size == 0 || size % m.cfg.granularity != 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemCreate: size %zu is not a multiple of the granularity %llu", size,
+                  (unsigned long long)m.cfg.granularity);
+  auto p = std::make_shared<Physical>();
+  p->size = size;
+  p->prop = *prop;
+  switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (prop->location.id < 0 || prop->location.id >= m.cfg.device_count)
+        return refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemCreate: no device %d", prop->location.id);
+      p->device = prop->location.id;
+      break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      if (!m.cfg.host_numa_vmm)
+        return refuse(CUDA_ERROR_NOT_SUPPORTED,
+                      "cuMemCreate: host-located memory unsupported "
+                      "(HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED=0)");
+      // cuda.h: HOST allocations are not IPC capable; requestedHandleTypes must be 0.
+      if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
+        return refuse(CUDA_ERROR_INVALID_VALUE,
+                      "cuMemCreate: host-located memory needs requestedHandleTypes == 0");
+      // The simulated machine has one NUMA node, id 0 (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID).
+      if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && prop->location.id != 0)
+        return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: no host NUMA node %d",
+                      prop->location.id);
+      p->host = true;
+      break;
+    default:
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: location type %d unsupported",
+                    static_cast<int>(prop->location.type));
+  }
+  std::lock_guard lk(m.mu);
+  if (m.fd < 0) return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: no backing memfd");
+  if (m.next_offset + size > kBackingSize)
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: backing file exhausted");
+  if (p->host) {
+    // HOST allocations belong to whichever device's context made them.
+    Context* ctx = nullptr;
+    if (current_context(&ctx) == CUDA_SUCCESS) p->device = ctx->device;
+  }
+  CUresult r = p->host ? charge_host(m, size) : charge_device(m, p->device, size);
+  if (r != CUDA_SUCCESS) return r;
+  p->offset = m.next_offset;
+  m.next_offset += size;
+  p->id = m.next_handle++;
+  m.handles[p->id] = p;
+  *handle = p->id;
+  return CUDA_SUCCESS;
+}
+
+CUresult release(CUmemGenericAllocationHandle handle) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  auto it = m.handles.find(handle);
+  if (it == m.handles.end() || it->second->released)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemRelease: unknown or already released handle %#llx",
+                  handle);
+  auto p = it->second;
+  p->released = true;
+  maybe_free(m, p);  // otherwise freed by the last cuMemUnmap (cuda.h: cuMemRelease)
+  return CUDA_SUCCESS;
+}
+
+CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+             unsigned long long flags) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  if (flags != 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: flags must be zero");
+  if (offset != 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: offset must be zero (cuda.h: cuMemMap)");
+  if (size == 0 || ptr % m.cfg.granularity != 0 || size % m.cfg.granularity != 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemMap: ptr %#llx and size %zu must be multiples of the granularity %llu",
+                  ptr, size, (unsigned long long)m.cfg.granularity);
+  auto hit = m.handles.find(handle);
+  if (hit == m.handles.end() || hit->second->released)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: unknown or released handle %#llx", handle);
+  auto p = hit->second;
+  if (offset + size > p->size)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: size %zu exceeds the allocation (%zu)",
+                  size, p->size);
+  Reservation* r = find_reservation(m, ptr);
+  if (!r || r->classic || ptr + size > r->base + r->size)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemMap: [%#llx, +%zu) is not inside one VA reservation (cuda.h: cuMemMap can "
+                  "only create mappings on VA range reservations)",
+                  ptr, size);
+  // The range must be free: mapping over a mapping is an error.
+  auto next = r->maps.lower_bound(ptr);
+  if (next != r->maps.end() && next->second.va < ptr + size)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: [%#llx, +%zu) overlaps the mapping at %#lx",
+                  ptr, size, next->second.va);
+  if (Mapping* prev = find_mapping(*r, ptr))
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: %#llx is inside the mapping at %#lx", ptr,
+                  prev->va);
+  void* got = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, m.fd,
+                   static_cast<off_t>(p->offset + offset));
+  if (got == MAP_FAILED) return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap: mmap failed");
+  Mapping& mp = r->maps[ptr];
+  mp.va = ptr;
+  mp.size = size;
+  mp.phys = p;
+  p->mappings++;
+  return CUDA_SUCCESS;
+}
+
+CUresult unmap(CUdeviceptr ptr, size_t size) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  std::vector<Mapping*> maps;
+  Reservation* r = nullptr;
+  if (CUresult e = whole_mappings(m, ptr, size, "cuMemUnmap", &maps, &r); e != CUDA_SUCCESS)
+    return e;
+  // Hardware may tear down a range still in use by queued work (PyTorch notes
+  // cuMemUnmap "does not appear to synchronize in all cases"); refuse instead.
+  std::string user;
+  if (stream::pending_overlaps(ptr, ptr + size, &user))
+    return refuse(CUDA_ERROR_NOT_PERMITTED,
+                  "cuMemUnmap: [%#llx, +%zu) is used by pending work (%s); wait for it first", ptr,
+                  size, user.c_str());
+  for (Mapping* mp : maps) {
+    map_fixed_none(mp->va, mp->size);
+    auto p = mp->phys;
+    p->mappings--;
+    r->maps.erase(mp->va);
+    maybe_free(m, p);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  Memory& m = M();
+  if (!desc || count == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: no descriptors");
+  unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: only device locations are modeled");
+    if (desc[i].location.id < 0 || desc[i].location.id >= m.cfg.device_count)
+      return refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemSetAccess: no device %d",
+                    desc[i].location.id);
+    if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE || desc[i].flags == 2)
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: bad flags %d",
+                    static_cast<int>(desc[i].flags));
+    // One address space serves every simulated device: the widest grant wins.
+    access = std::max<unsigned long long>(access, desc[i].flags);
+  }
+  std::lock_guard lk(m.mu);
+  std::vector<Mapping*> maps;
+  Reservation* r = nullptr;
+  if (CUresult e = whole_mappings(m, ptr, size, "cuMemSetAccess", &maps, &r); e != CUDA_SUCCESS)
+    return e;
+  for (Mapping* mp : maps) {
+    mprotect(reinterpret_cast<void*>(mp->va), mp->size, prot_of(access));
+    mp->access = access;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+  Memory& m = M();
+  if (!flags || !location) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAccess: null");
+  std::lock_guard lk(m.mu);
+  Reservation* r = find_reservation(m, ptr);
+  Mapping* mp = r ? find_mapping(*r, ptr) : nullptr;
+  if (!mp) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAccess: %#llx is not mapped", ptr);
+  *flags = mp->access;
+  return CUDA_SUCCESS;
+}
+
+CUresult granularity(size_t* out, const CUmemAllocationProp* prop,
+                     CUmemAllocationGranularity_flags option) {
+  if (!out || !prop) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity: null");
+  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity: bad option");
+  *out = M().cfg.granularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult properties_from_handle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  auto it = m.handles.find(handle);
+  if (!prop || it == m.handles.end() || it->second->released)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationPropertiesFromHandle: bad handle");
+  *prop = it->second->prop;
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_alloc(int device, CUdeviceptr* dptr, size_t size) {
+  Memory& m = M();
+  if (!dptr || size == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc: null or zero size");
+  size_t bytes = round_up(size, kPage);
+  std::lock_guard lk(m.mu);
+  if (CUresult e = charge_device(m, device, bytes); e != CUDA_SUCCESS) return e;
+  uintptr_t base = reserve_va(bytes, kPage, 0);
+  void* got = base ? mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_FIXED, m.fd, static_cast<off_t>(m.next_offset))
+                   : MAP_FAILED;
+  if (got == MAP_FAILED) {
+    if (base) munmap(reinterpret_cast<void*>(base), bytes);
+    m.dev[device].used -= bytes;
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc: mmap failed");
+  }
+  auto p = std::make_shared<Physical>();
+  p->offset = m.next_offset;
+  m.next_offset += bytes;
+  p->size = bytes;
+  p->device = device;
+  p->mappings = 1;
+  p->released = true;  // owned by the mapping: freed with it
+  Reservation& r = m.reservations[base];
+  r.base = base;
+  r.size = bytes;
+  r.device = device;
+  r.classic = true;
+  Mapping& mp = r.maps[base];
+  mp.va = base;
+  mp.size = bytes;
+  mp.phys = p;
+  mp.access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  *dptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult mem_free(CUdeviceptr dptr) {
+  Memory& m = M();
+  size_t size = 0;
+  {
+    std::lock_guard lk(m.mu);
+    auto it = m.reservations.find(dptr);
+    if (it == m.reservations.end() || !it->second.classic)
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemFree: %#llx is not a cuMemAlloc pointer", dptr);
+    size = it->second.size;
+  }
+  // cuMemFree synchronizes with the device (CUDA programming guide, "implicit
+  // synchronization"): wait for work that may use the range, then free.
+  stream::wait_for_range(dptr, dptr + size);
+  std::lock_guard lk(m.mu);
+  auto it = m.reservations.find(dptr);
+  if (it == m.reservations.end() || !it->second.classic)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemFree: %#llx freed concurrently", dptr);
+  Reservation& r = it->second;
+  auto p = r.maps.begin()->second.phys;
+  munmap(reinterpret_cast<void*>(r.base), r.size);
+  p->mappings = 0;
+  m.reservations.erase(it);
+  maybe_free(m, p);
+  return CUDA_SUCCESS;
+}
+
+CUresult host_alloc(void** pp, size_t size, unsigned flags) {
+  Memory& m = M();
+  if (!pp || size == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc: null or zero");
+  constexpr unsigned kKnown =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if (flags & ~kKnown) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc: bad flags %#x", flags);
+  size_t bytes = round_up(size, kPage);
+  std::lock_guard lk(m.mu);
+  if (CUresult e = charge_host(m, bytes); e != CUDA_SUCCESS) return e;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    m.host_used -= bytes;
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemHostAlloc: mmap failed");
+  }
+  uintptr_t base = reinterpret_cast<uintptr_t>(p);
+  m.host_ranges[base] = HostRange{base, bytes, true};
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult host_free(void* p) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  auto it = m.host_ranges.find(reinterpret_cast<uintptr_t>(p));
+  if (it == m.host_ranges.end() || !it->second.allocated)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost: %p is not from cuMemHostAlloc", p);
+  munmap(p, it->second.size);
+  m.host_used -= it->second.size;
+  m.host_ranges.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult host_register(void* p, size_t size, unsigned flags) {
+  Memory& m = M();
+  uintptr_t base = reinterpret_cast<uintptr_t>(p);
+  if (!p || size == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister: null or zero");
+  constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                              CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+  if (flags & ~kKnown) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister: bad flags");
+  std::lock_guard lk(m.mu);
+  if (find_reservation(m, base))
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister: %p is device memory", p);
+  if (overlaps_host(m, base, base + size))
+    return refuse(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                  "cuMemHostRegister: [%p, +%zu) overlaps pinned memory", p, size);
+  if (CUresult e = charge_host(m, size); e != CUDA_SUCCESS) return e;
+  m.host_ranges[base] = HostRange{base, size, false};
+  return CUDA_SUCCESS;
+}
+
+CUresult host_unregister(void* p) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  auto it = m.host_ranges.find(reinterpret_cast<uintptr_t>(p));
+  if (it == m.host_ranges.end() || it->second.allocated)
+    return refuse(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+                  "cuMemHostUnregister: %p was not registered", p);
+  m.host_used -= it->second.size;
+  m.host_ranges.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult get_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  Memory& m = M();
+  if (!free_bytes || !total_bytes) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetInfo: null");
+  std::lock_guard lk(m.mu);
+  const DeviceUsage& u = m.dev[device];
+  uint64_t taken = std::min<uint64_t>(u.used + u.external, m.cfg.device_memory);
+  *total_bytes = m.cfg.device_memory;
+  *free_bytes = m.cfg.device_memory - taken;
+  return CUDA_SUCCESS;
+}
+
+CUresult set_external_usage(int device, uint64_t bytes) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  if (device < 0 || device >= static_cast<int>(m.dev.size())) return CUDA_ERROR_INVALID_DEVICE;
+  DeviceUsage& u = m.dev[device];
+  if (u.used + bytes > m.cfg.device_memory) return CUDA_ERROR_OUT_OF_MEMORY;
+  u.external = bytes;
+  u.peak = std::max(u.peak, u.used + u.external);
+  return CUDA_SUCCESS;
+}
+
+Located locate(uintptr_t p) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  if (Reservation* r = find_reservation(m, p)) {
+    Mapping* mp = find_mapping(*r, p);
+    if (!mp) return {Where::kUnmapped, r->device, {p, p + 1}};
+    return {mp->phys->host ? Where::kHostMapped : Where::kDevice, mp->phys->device,
+            {mp->va, mp->va + mp->size}};
+  }
+  if (find_host(m, p)) return {Where::kPinned, 0, {p, p + 1}};
+  return {Where::kPageable, 0, {p, p + 1}};
+}
+
+bool is_device_va(uintptr_t p) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  return find_reservation(m, p) != nullptr;
+}
+
+bool is_pinned_host(uintptr_t p, size_t n) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  const HostRange* h = find_host(m, p);
+  return h && p + n <= h->base + h->size;
+}
+
+Stats stats(int device) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Stats s{};
+  s.device_capacity = m.cfg.device_memory;
+  if (device >= 0 && device < static_cast<int>(m.dev.size())) {
+    s.device_used = m.dev[device].used + m.dev[device].external;
+    s.device_peak = m.dev[device].peak;
+  }
+  s.host_capacity = m.cfg.host_memory;
+  s.host_used = m.host_used;
+  s.host_peak = m.host_peak;
+  return s;
+}
+
+}  // namespace sim::mem
