@@ -13,8 +13,14 @@ done
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  log=$(mktemp)
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+           -o=Dpkg::Use-Pty=0 --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-deps: apt-get failed (log above)" >&2
+    exit 1
+  fi
+  rm -f "$log"
 fi
 
 # The CUDA 13 toolkit (headers only are used) is not a Debian package; it must be present.

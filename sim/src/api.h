@@ -30,30 +30,28 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
 template <class Params, class Body>
 CUresult call(uint32_t cbid, const char* name, Params& params, Cost cost, Body&& body) {
   static_assert(std::is_trivially_copyable_v<Params>);
-  auto thunk = [](void* b) -> CUresult { return (*static_cast<std::remove_reference_t<Body>*>(b))(); };
+  auto thunk = [](void* b) -> CUresult {
+    return (*static_cast<std::remove_reference_t<Body>*>(b))();
+  };
   return call_impl(cbid, name, &params, sizeof(Params), cost, thunk, &body);
 }
 
 // The current context, or the error a call without one gets.
-#define SIM_CTX(ctx)                                          \
-  ::sim::Context* ctx = nullptr;                              \
+#define SIM_CTX(ctx)             \
+  ::sim::Context* ctx = nullptr; \
   if (CUresult e_ = ::sim::current_context(&ctx); e_ != CUDA_SUCCESS) return e_
 
-#define SIM_NEED_CTX()                                                     \
-  do {                                                                     \
-    ::sim::Context* c_ = nullptr;                                          \
+#define SIM_NEED_CTX()                                                            \
+  do {                                                                            \
+    ::sim::Context* c_ = nullptr;                                                 \
     if (CUresult e_ = ::sim::current_context(&c_); e_ != CUDA_SUCCESS) return e_; \
   } while (0)
-
-// Declares a _ptsz / _ptds variant with its base entry point's signature
-// (cuda.h declares them only when building with per-thread default streams).
-#define SIM_DECLARE_VARIANT(base, variant) extern "C" decltype(base) variant;
 
 // The exported symbol's name, its CUPTI id and its parameter struct share a
 // spelling:  cuFoo_v2_params p_{args...};  return SIM_INVOKE(cuFoo_v2, p_, body);
 #define SIM_INVOKE(sym, params, ...) \
   ::sim::api::call(CUPTI_DRIVER_TRACE_CBID_##sym, #sym, params, ::sim::api::Cost::kApi, __VA_ARGS__)
-#define SIM_INVOKE_LAUNCH(sym, params, ...)                                            \
+#define SIM_INVOKE_LAUNCH(sym, params, ...)                                                \
   ::sim::api::call(CUPTI_DRIVER_TRACE_CBID_##sym, #sym, params, ::sim::api::Cost::kLaunch, \
                    __VA_ARGS__)
 

@@ -24,33 +24,81 @@ CUresult attribute(int* out, CUdevice_attribute a, CUdevice dev) {
   if (CUresult e = check_device(dev); e != CUDA_SUCCESS) return e;
   const Config& c = state()->config;
   switch (a) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *out = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *out = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *out = 132; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *out = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *out = 32; break;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *out = 2; break;  // one per direction
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *out = 1; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *out = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *out = 1; break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: *out = c.concurrent_managed; break;
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: *out = 0; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *out = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *out = 9;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *out = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *out = 132;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *out = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+      *out = 32;
+      break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+      *out = 2;
+      break;  // one per direction
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+      *out = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+      *out = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+      *out = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+      *out = c.concurrent_managed;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
+      *out = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *out = 1;
+      break;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
       *out = c.host_numa_vmm;
       break;
-    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: *out = 0; break;
-    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: *out = CU_DEVICE_NUMA_CONFIG_NONE; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *out = 0x18 + dev; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *out = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *out = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: *out = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *out = 0; break;  // not modeled
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: *out = 0; break;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *out = 50 << 20; break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *out = 5120; break;
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: *out = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *out = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+      *out = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG:
+      *out = CU_DEVICE_NUMA_CONFIG_NONE;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      *out = 0x18 + dev;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+      *out = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+      *out = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+      *out = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      *out = 0;
+      break;  // not modeled
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
+      *out = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
+      *out = 50 << 20;
+      break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+      *out = 5120;
+      break;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+      *out = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+      *out = 1;
+      break;
     default:
       return refuse(CUDA_ERROR_INVALID_VALUE,
                     "cuDeviceGetAttribute: attribute %d is not modeled by the sim",
@@ -85,11 +133,14 @@ CUresult set_current(CUcontext handle) {
   Context* ctx = nullptr;
   if (handle) {
     ctx = context_from_handle(handle);
-    if (!ctx) return refuse(CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent: unknown context %p", handle);
+    if (!ctx)
+      return refuse(CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent: unknown context %p", handle);
   }
   // cuda.h: replaces the top of the stack (pushes when the stack is empty).
-  if (stack.empty()) stack.push_back(ctx);
-  else stack.back() = ctx;
+  if (stack.empty())
+    stack.push_back(ctx);
+  else
+    stack.back() = ctx;
   return CUDA_SUCCESS;
 }
 
@@ -237,9 +288,9 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   } p_{};
   return api::call(CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, "cuCtxSynchronize", p_,
                    api::Cost::kApi, [&] {
-    SIM_CTX(ctx);
-    return stream::synchronize_context(ctx);
-  });
+                     SIM_CTX(ctx);
+                     return stream::synchronize_context(ctx);
+                   });
 }
 
 CUresult CUDAAPI cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "api.h"
+#include "variants.h"
 #include "memory.h"
 
 using namespace sim;
@@ -20,15 +21,22 @@ namespace {
 
 enum class Expect { kAny, kHtoD, kDtoH, kDtoD };
 
-bool device_side(mem::Where w) { return w == mem::Where::kDevice || w == mem::Where::kUnmapped; }
-bool device_va(mem::Where w) { return w != mem::Where::kPageable && w != mem::Where::kPinned; }
+bool device_side(mem::Where w) {
+  return w == mem::Where::kDevice || w == mem::Where::kUnmapped;
+}
+bool device_va(mem::Where w) {
+  return w != mem::Where::kPageable && w != mem::Where::kPinned;
+}
 
 uint8_t memory_kind(mem::Where w) {
   switch (w) {
-    case mem::Where::kPageable: return CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
+    case mem::Where::kPageable:
+      return CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
     case mem::Where::kPinned:
-    case mem::Where::kHostMapped: return CUPTI_ACTIVITY_MEMORY_KIND_PINNED;
-    default: return CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
+    case mem::Where::kHostMapped:
+      return CUPTI_ACTIVITY_MEMORY_KIND_PINNED;
+    default:
+      return CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
   }
 }
 
@@ -40,8 +48,8 @@ mem::Where where_of(uintptr_t p, size_t n) {
 }
 
 // `handle` is the user's stream; `sync` marks the non-Async APIs.
-CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream handle, Expect expect,
-              bool sync) {
+CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream handle,
+              Expect expect, bool sync) {
   SIM_CTX(ctx);
   std::shared_ptr<Stream> s;
   if (CUresult e = stream::resolve(ctx, handle, &s); e != CUDA_SUCCESS) return e;
@@ -50,10 +58,17 @@ CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream 
   const mem::Where ws = where_of(src, n), wd = where_of(dst, n);
   bool ok = true;
   switch (expect) {
-    case Expect::kHtoD: ok = !device_va(ws) && device_va(wd); break;
-    case Expect::kDtoH: ok = device_va(ws) && !device_va(wd); break;
-    case Expect::kDtoD: ok = device_va(ws) && device_va(wd); break;
-    case Expect::kAny: break;
+    case Expect::kHtoD:
+      ok = !device_va(ws) && device_va(wd);
+      break;
+    case Expect::kDtoH:
+      ok = device_va(ws) && !device_va(wd);
+      break;
+    case Expect::kDtoD:
+      ok = device_va(ws) && device_va(wd);
+      break;
+    case Expect::kAny:
+      break;
   }
   if (!ok)
     return refuse(CUDA_ERROR_INVALID_VALUE,
@@ -142,53 +157,53 @@ CUresult memset(const char* api, CUdeviceptr dst, T value, size_t count, CUstrea
   return ctx->sticky.load();
 }
 
-uintptr_t U(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
-uintptr_t U(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+uintptr_t U(CUdeviceptr p) {
+  return static_cast<uintptr_t>(p);
+}
+uintptr_t U(const void* p) {
+  return reinterpret_cast<uintptr_t>(p);
+}
 
 // _ptsz / _ptds: a NULL stream means the calling thread's default stream.
-CUstream per_thread(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
+CUstream per_thread(CUstream s) {
+  return s ? s : CU_STREAM_PER_THREAD;
+}
 
 }  // namespace
 
-SIM_DECLARE_VARIANT(cuMemcpy, cuMemcpy_ptds)
-SIM_DECLARE_VARIANT(cuMemcpyAsync, cuMemcpyAsync_ptsz)
-SIM_DECLARE_VARIANT(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds)
-SIM_DECLARE_VARIANT(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)
-SIM_DECLARE_VARIANT(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds)
-SIM_DECLARE_VARIANT(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz)
-SIM_DECLARE_VARIANT(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz)
-SIM_DECLARE_VARIANT(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz)
-SIM_DECLARE_VARIANT(cuMemsetD8_v2, cuMemsetD8_v2_ptds)
-SIM_DECLARE_VARIANT(cuMemsetD16_v2, cuMemsetD16_v2_ptds)
-SIM_DECLARE_VARIANT(cuMemsetD32_v2, cuMemsetD32_v2_ptds)
-SIM_DECLARE_VARIANT(cuMemsetD8Async, cuMemsetD8Async_ptsz)
-SIM_DECLARE_VARIANT(cuMemsetD16Async, cuMemsetD16Async_ptsz)
-SIM_DECLARE_VARIANT(cuMemsetD32Async, cuMemsetD32Async_ptsz)
 
 extern "C" {
 
 // ---- generic (unified addressing) ----
 CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   cuMemcpy_params p_{dst, src, n};
-  return SIM_INVOKE(cuMemcpy, p_, [&] { return copy("cuMemcpy", dst, src, n, nullptr, Expect::kAny, true); });
+  return SIM_INVOKE(cuMemcpy, p_,
+                    [&] { return copy("cuMemcpy", dst, src, n, nullptr, Expect::kAny, true); });
 }
 CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   cuMemcpy_ptds_params p_{dst, src, n};
-  return SIM_INVOKE(cuMemcpy_ptds, p_, [&] { return copy("cuMemcpy", dst, src, n, CU_STREAM_PER_THREAD, Expect::kAny, true); });
+  return SIM_INVOKE(cuMemcpy_ptds, p_, [&] {
+    return copy("cuMemcpy", dst, src, n, CU_STREAM_PER_THREAD, Expect::kAny, true);
+  });
 }
 CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   cuMemcpyAsync_params p_{dst, src, n, s};
-  return SIM_INVOKE(cuMemcpyAsync, p_, [&] { return copy("cuMemcpyAsync", dst, src, n, s, Expect::kAny, false); });
+  return SIM_INVOKE(cuMemcpyAsync, p_,
+                    [&] { return copy("cuMemcpyAsync", dst, src, n, s, Expect::kAny, false); });
 }
 CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   cuMemcpyAsync_ptsz_params p_{dst, src, n, s};
-  return SIM_INVOKE(cuMemcpyAsync_ptsz, p_, [&] { return copy("cuMemcpyAsync", dst, src, n, per_thread(s), Expect::kAny, false); });
+  return SIM_INVOKE(cuMemcpyAsync_ptsz, p_, [&] {
+    return copy("cuMemcpyAsync", dst, src, n, per_thread(s), Expect::kAny, false);
+  });
 }
 
 // ---- synchronous, explicit direction ----
 CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   cuMemcpyHtoD_v2_params p_{dst, src, n};
-  return SIM_INVOKE(cuMemcpyHtoD_v2, p_, [&] { return copy("cuMemcpyHtoD", U(dst), U(src), n, nullptr, Expect::kHtoD, true); });
+  return SIM_INVOKE(cuMemcpyHtoD_v2, p_, [&] {
+    return copy("cuMemcpyHtoD", U(dst), U(src), n, nullptr, Expect::kHtoD, true);
+  });
 }
 CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t n) {
   cuMemcpyHtoD_v2_ptds_params p_{dst, src, n};
@@ -198,7 +213,9 @@ CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t n
 }
 CUresult CUDAAPI cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
   cuMemcpyDtoH_v2_params p_{dst, src, n};
-  return SIM_INVOKE(cuMemcpyDtoH_v2, p_, [&] { return copy("cuMemcpyDtoH", U(dst), U(src), n, nullptr, Expect::kDtoH, true); });
+  return SIM_INVOKE(cuMemcpyDtoH_v2, p_, [&] {
+    return copy("cuMemcpyDtoH", U(dst), U(src), n, nullptr, Expect::kDtoH, true);
+  });
 }
 CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void* dst, CUdeviceptr src, size_t n) {
   cuMemcpyDtoH_v2_ptds_params p_{dst, src, n};
@@ -208,7 +225,9 @@ CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void* dst, CUdeviceptr src, size_t n) {
 }
 CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   cuMemcpyDtoD_v2_params p_{dst, src, n};
-  return SIM_INVOKE(cuMemcpyDtoD_v2, p_, [&] { return copy("cuMemcpyDtoD", U(dst), U(src), n, nullptr, Expect::kDtoD, true); });
+  return SIM_INVOKE(cuMemcpyDtoD_v2, p_, [&] {
+    return copy("cuMemcpyDtoD", U(dst), U(src), n, nullptr, Expect::kDtoD, true);
+  });
 }
 CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   cuMemcpyDtoD_v2_ptds_params p_{dst, src, n};
@@ -220,10 +239,11 @@ CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n
 // ---- asynchronous, explicit direction ----
 CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
   cuMemcpyHtoDAsync_v2_params p_{dst, src, n, s};
-  return SIM_INVOKE(cuMemcpyHtoDAsync_v2, p_, [&] { return copy("cuMemcpyHtoDAsync", U(dst), U(src), n, s, Expect::kHtoD, false); });
+  return SIM_INVOKE(cuMemcpyHtoDAsync_v2, p_, [&] {
+    return copy("cuMemcpyHtoDAsync", U(dst), U(src), n, s, Expect::kHtoD, false);
+  });
 }
-CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, size_t n,
-                                           CUstream s) {
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
   cuMemcpyHtoDAsync_v2_ptsz_params p_{dst, src, n, s};
   return SIM_INVOKE(cuMemcpyHtoDAsync_v2_ptsz, p_, [&] {
     return copy("cuMemcpyHtoDAsync", U(dst), U(src), n, per_thread(s), Expect::kHtoD, false);
@@ -231,7 +251,9 @@ CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, siz
 }
 CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   cuMemcpyDtoHAsync_v2_params p_{dst, src, n, s};
-  return SIM_INVOKE(cuMemcpyDtoHAsync_v2, p_, [&] { return copy("cuMemcpyDtoHAsync", U(dst), U(src), n, s, Expect::kDtoH, false); });
+  return SIM_INVOKE(cuMemcpyDtoHAsync_v2, p_, [&] {
+    return copy("cuMemcpyDtoHAsync", U(dst), U(src), n, s, Expect::kDtoH, false);
+  });
 }
 CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   cuMemcpyDtoHAsync_v2_ptsz_params p_{dst, src, n, s};
@@ -241,10 +263,11 @@ CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src, size_t n,
 }
 CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   cuMemcpyDtoDAsync_v2_params p_{dst, src, n, s};
-  return SIM_INVOKE(cuMemcpyDtoDAsync_v2, p_, [&] { return copy("cuMemcpyDtoDAsync", U(dst), U(src), n, s, Expect::kDtoD, false); });
+  return SIM_INVOKE(cuMemcpyDtoDAsync_v2, p_, [&] {
+    return copy("cuMemcpyDtoDAsync", U(dst), U(src), n, s, Expect::kDtoD, false);
+  });
 }
-CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n,
-                                           CUstream s) {
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   cuMemcpyDtoDAsync_v2_ptsz_params p_{dst, src, n, s};
   return SIM_INVOKE(cuMemcpyDtoDAsync_v2_ptsz, p_, [&] {
     return copy("cuMemcpyDtoDAsync", U(dst), U(src), n, per_thread(s), Expect::kDtoD, false);
@@ -254,51 +277,63 @@ CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, siz
 // ---- memsets ----
 CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
   cuMemsetD8_v2_params p_{dst, v, n};
-  return SIM_INVOKE(cuMemsetD8_v2, p_, [&] { return memset("cuMemsetD8", dst, v, n, nullptr, true); });
+  return SIM_INVOKE(cuMemsetD8_v2, p_,
+                    [&] { return memset("cuMemsetD8", dst, v, n, nullptr, true); });
 }
 CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char v, size_t n) {
   cuMemsetD8_v2_ptds_params p_{dst, v, n};
-  return SIM_INVOKE(cuMemsetD8_v2_ptds, p_, [&] { return memset("cuMemsetD8", dst, v, n, CU_STREAM_PER_THREAD, true); });
+  return SIM_INVOKE(cuMemsetD8_v2_ptds, p_,
+                    [&] { return memset("cuMemsetD8", dst, v, n, CU_STREAM_PER_THREAD, true); });
 }
 CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n) {
   cuMemsetD16_v2_params p_{dst, v, n};
-  return SIM_INVOKE(cuMemsetD16_v2, p_, [&] { return memset("cuMemsetD16", dst, v, n, nullptr, true); });
+  return SIM_INVOKE(cuMemsetD16_v2, p_,
+                    [&] { return memset("cuMemsetD16", dst, v, n, nullptr, true); });
 }
 CUresult CUDAAPI cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short v, size_t n) {
   cuMemsetD16_v2_ptds_params p_{dst, v, n};
-  return SIM_INVOKE(cuMemsetD16_v2_ptds, p_, [&] { return memset("cuMemsetD16", dst, v, n, CU_STREAM_PER_THREAD, true); });
+  return SIM_INVOKE(cuMemsetD16_v2_ptds, p_,
+                    [&] { return memset("cuMemsetD16", dst, v, n, CU_STREAM_PER_THREAD, true); });
 }
 CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
   cuMemsetD32_v2_params p_{dst, v, n};
-  return SIM_INVOKE(cuMemsetD32_v2, p_, [&] { return memset("cuMemsetD32", dst, v, n, nullptr, true); });
+  return SIM_INVOKE(cuMemsetD32_v2, p_,
+                    [&] { return memset("cuMemsetD32", dst, v, n, nullptr, true); });
 }
 CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int v, size_t n) {
   cuMemsetD32_v2_ptds_params p_{dst, v, n};
-  return SIM_INVOKE(cuMemsetD32_v2_ptds, p_, [&] { return memset("cuMemsetD32", dst, v, n, CU_STREAM_PER_THREAD, true); });
+  return SIM_INVOKE(cuMemsetD32_v2_ptds, p_,
+                    [&] { return memset("cuMemsetD32", dst, v, n, CU_STREAM_PER_THREAD, true); });
 }
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
   cuMemsetD8Async_params p_{dst, v, n, s};
-  return SIM_INVOKE(cuMemsetD8Async, p_, [&] { return memset("cuMemsetD8Async", dst, v, n, s, false); });
+  return SIM_INVOKE(cuMemsetD8Async, p_,
+                    [&] { return memset("cuMemsetD8Async", dst, v, n, s, false); });
 }
 CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
   cuMemsetD8Async_ptsz_params p_{dst, v, n, s};
-  return SIM_INVOKE(cuMemsetD8Async_ptsz, p_, [&] { return memset("cuMemsetD8Async", dst, v, n, per_thread(s), false); });
+  return SIM_INVOKE(cuMemsetD8Async_ptsz, p_,
+                    [&] { return memset("cuMemsetD8Async", dst, v, n, per_thread(s), false); });
 }
 CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream s) {
   cuMemsetD16Async_params p_{dst, v, n, s};
-  return SIM_INVOKE(cuMemsetD16Async, p_, [&] { return memset("cuMemsetD16Async", dst, v, n, s, false); });
+  return SIM_INVOKE(cuMemsetD16Async, p_,
+                    [&] { return memset("cuMemsetD16Async", dst, v, n, s, false); });
 }
 CUresult CUDAAPI cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short v, size_t n, CUstream s) {
   cuMemsetD16Async_ptsz_params p_{dst, v, n, s};
-  return SIM_INVOKE(cuMemsetD16Async_ptsz, p_, [&] { return memset("cuMemsetD16Async", dst, v, n, per_thread(s), false); });
+  return SIM_INVOKE(cuMemsetD16Async_ptsz, p_,
+                    [&] { return memset("cuMemsetD16Async", dst, v, n, per_thread(s), false); });
 }
 CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s) {
   cuMemsetD32Async_params p_{dst, v, n, s};
-  return SIM_INVOKE(cuMemsetD32Async, p_, [&] { return memset("cuMemsetD32Async", dst, v, n, s, false); });
+  return SIM_INVOKE(cuMemsetD32Async, p_,
+                    [&] { return memset("cuMemsetD32Async", dst, v, n, s, false); });
 }
 CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int v, size_t n, CUstream s) {
   cuMemsetD32Async_ptsz_params p_{dst, v, n, s};
-  return SIM_INVOKE(cuMemsetD32Async_ptsz, p_, [&] { return memset("cuMemsetD32Async", dst, v, n, per_thread(s), false); });
+  return SIM_INVOKE(cuMemsetD32Async_ptsz, p_,
+                    [&] { return memset("cuMemsetD32Async", dst, v, n, per_thread(s), false); });
 }
 
 }  // extern "C"

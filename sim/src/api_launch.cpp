@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "api.h"
+#include "variants.h"
 #include "memory.h"
 
 using namespace sim;
@@ -98,9 +99,12 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
     void* ptr = nullptr;
     size_t* size = nullptr;
     for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) ptr = extra[i + 1];
-      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = static_cast<size_t*>(extra[i + 1]);
-      else return refuse(CUDA_ERROR_INVALID_VALUE, "%s: unknown extra option %p", api, extra[i]);
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+        ptr = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+        size = static_cast<size_t*>(extra[i + 1]);
+      else
+        return refuse(CUDA_ERROR_INVALID_VALUE, "%s: unknown extra option %p", api, extra[i]);
     }
     if (!ptr || !size || *size != f->params_size)
       return refuse(CUDA_ERROR_INVALID_VALUE, "%s: extra buffer missing or not %zu bytes", api,
@@ -132,10 +136,9 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
     if (at.where == mem::Where::kHostMapped) remote += at.mapping.hi - at.mapping.lo;
   }
   const Config& cfg = state()->config;
-  uint64_t duration = f->duration_fn
-                          ? reinterpret_cast<simcuda_duration_fn>(f->duration_fn)(
-                                buf->data(), buf->size(), f->user)
-                          : f->duration_ns;
+  uint64_t duration = f->duration_fn ? reinterpret_cast<simcuda_duration_fn>(f->duration_fn)(
+                                           buf->data(), buf->size(), f->user)
+                                     : f->duration_ns;
   duration += static_cast<uint64_t>(static_cast<double>(remote) / cfg.h2d_bytes_per_ns);
 
   simcuda_launch_info info{};
@@ -159,13 +162,12 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
   return CUDA_SUCCESS;
 }
 
-CUstream per_thread(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
+CUstream per_thread(CUstream s) {
+  return s ? s : CU_STREAM_PER_THREAD;
+}
 
 }  // namespace
 
-SIM_DECLARE_VARIANT(cuLaunchKernel, cuLaunchKernel_ptsz)
-SIM_DECLARE_VARIANT(cuLaunchKernelEx, cuLaunchKernelEx_ptsz)
-SIM_DECLARE_VARIANT(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz)
 
 extern "C" {
 
@@ -191,8 +193,8 @@ CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t* 
   return SIM_INVOKE(cuFuncGetParamInfo, p_, [&] {
     if (!state()) return CUDA_ERROR_NOT_INITIALIZED;
     // A CUkernel is not a CUfunction: use cuKernelGetParamInfo for it.
-    return param_info(find(reinterpret_cast<uint64_t>(func), true, false), paramIndex,
-                      paramOffset, paramSize);
+    return param_info(find(reinterpret_cast<uint64_t>(func), true, false), paramIndex, paramOffset,
+                      paramSize);
   });
 }
 
@@ -248,12 +250,14 @@ CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                 unsigned int gridDimZ, unsigned int blockDimX,
                                 unsigned int blockDimY, unsigned int blockDimZ,
-                                unsigned int sharedMemBytes, CUstream hStream,
-                                void** kernelParams, void** extra) {
+                                unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
+                                void** extra) {
   Dims d{{gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}};
-  cuLaunchKernel_params p_{f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                   sharedMemBytes, hStream, kernelParams, extra};
-  return SIM_INVOKE_LAUNCH(cuLaunchKernel, p_, [&] { return launch("cuLaunchKernel", f, d, hStream, kernelParams, extra); });
+  cuLaunchKernel_params p_{f,         gridDimX,       gridDimY, gridDimZ,     blockDimX, blockDimY,
+                           blockDimZ, sharedMemBytes, hStream,  kernelParams, extra};
+  return SIM_INVOKE_LAUNCH(cuLaunchKernel, p_, [&] {
+    return launch("cuLaunchKernel", f, d, hStream, kernelParams, extra);
+  });
 }
 
 CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -262,8 +266,9 @@ CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsign
                                      unsigned int sharedMemBytes, CUstream hStream,
                                      void** kernelParams, void** extra) {
   Dims d{{gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}};
-  cuLaunchKernel_ptsz_params p_{f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
-      kernelParams, extra};
+  cuLaunchKernel_ptsz_params p_{f,         gridDimX,     gridDimY,  gridDimZ,
+                                blockDimX, blockDimY,    blockDimZ, sharedMemBytes,
+                                hStream,   kernelParams, extra};
   return SIM_INVOKE_LAUNCH(cuLaunchKernel_ptsz, p_, [&] {
     return launch("cuLaunchKernel", f, d, per_thread(hStream), kernelParams, extra);
   });
@@ -297,8 +302,8 @@ CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
                                            unsigned int blockDimZ, unsigned int sharedMemBytes,
                                            CUstream hStream, void** kernelParams) {
   Dims d{{gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}};
-  cuLaunchCooperativeKernel_params p_{f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
-      kernelParams};
+  cuLaunchCooperativeKernel_params p_{f,         gridDimX,  gridDimY,       gridDimZ, blockDimX,
+                                      blockDimY, blockDimZ, sharedMemBytes, hStream,  kernelParams};
   return SIM_INVOKE_LAUNCH(cuLaunchCooperativeKernel, p_, [&] {
     return launch("cuLaunchCooperativeKernel", f, d, hStream, kernelParams, nullptr);
   });
@@ -307,12 +312,12 @@ CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
 CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
                                                 unsigned int gridDimY, unsigned int gridDimZ,
                                                 unsigned int blockDimX, unsigned int blockDimY,
-                                                unsigned int blockDimZ,
-                                                unsigned int sharedMemBytes, CUstream hStream,
-                                                void** kernelParams) {
+                                                unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                                CUstream hStream, void** kernelParams) {
   Dims d{{gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}};
-  cuLaunchCooperativeKernel_ptsz_params p_{f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
-      kernelParams};
+  cuLaunchCooperativeKernel_ptsz_params p_{f,         gridDimX,    gridDimY,  gridDimZ,
+                                           blockDimX, blockDimY,   blockDimZ, sharedMemBytes,
+                                           hStream,   kernelParams};
   return SIM_INVOKE_LAUNCH(cuLaunchCooperativeKernel_ptsz, p_, [&] {
     return launch("cuLaunchCooperativeKernel", f, d, per_thread(hStream), kernelParams, nullptr);
   });

@@ -76,8 +76,7 @@ CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLocation* 
   });
 }
 
-CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity,
-                                               const CUmemAllocationProp* prop,
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                CUmemAllocationGranularity_flags option) {
   cuMemGetAllocationGranularity_params p_{granularity, prop, option};
   return SIM_INVOKE(cuMemGetAllocationGranularity, p_, [&] {

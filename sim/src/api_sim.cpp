@@ -12,7 +12,9 @@ namespace {
 thread_local uint32_t t_correlation = 0;
 }
 
-uint32_t current_correlation() { return t_correlation; }
+uint32_t current_correlation() {
+  return t_correlation;
+}
 
 CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_size, Cost cost,
                    CUresult (*body)(void*), void* body_ctx) {
@@ -78,8 +80,12 @@ __attribute__((visibility("default"))) bool simcuda_cupti_attach(const simbridge
   return true;
 }
 
-uint64_t simcuda_now_ns(void) { return clock::now(); }
-void simcuda_host_advance_ns(uint64_t ns) { clock::advance(ns); }
+uint64_t simcuda_now_ns(void) {
+  return clock::now();
+}
+void simcuda_host_advance_ns(uint64_t ns) {
+  clock::advance(ns);
+}
 
 uint64_t simcuda_device_idle_at_ns(int device) {
   State* st = state();
@@ -87,7 +93,9 @@ uint64_t simcuda_device_idle_at_ns(int device) {
   return st->devices[static_cast<size_t>(device)]->idle_at.load();
 }
 
-uint64_t simcuda_call_count(const char* name) { return name ? faults::count(name) : 0; }
+uint64_t simcuda_call_count(const char* name) {
+  return name ? faults::count(name) : 0;
+}
 
 void simcuda_get_memory_stats(int device, simcuda_memory_stats* out) {
   if (!out) return;
@@ -116,7 +124,8 @@ CUresult simcuda_set_external_usage(int device, uint64_t bytes) {
 CUresult simcuda_sticky_error(int device, char* buf, size_t len) {
   State* st = state();
   if (!st) return CUDA_ERROR_NOT_INITIALIZED;
-  if (device < 0 || device >= static_cast<int>(st->primary.size())) return CUDA_ERROR_INVALID_DEVICE;
+  if (device < 0 || device >= static_cast<int>(st->primary.size()))
+    return CUDA_ERROR_INVALID_DEVICE;
   Context& ctx = *st->primary[static_cast<size_t>(device)];
   std::lock_guard lk(ctx.sticky_mu);
   if (buf && len) {
@@ -131,6 +140,8 @@ CUresult simcuda_fail_call(const char* name, uint64_t nth, int and_after, CUresu
   return CUDA_SUCCESS;
 }
 
-void simcuda_clear_faults(void) { faults::clear(); }
+void simcuda_clear_faults(void) {
+  faults::clear();
+}
 
 }  // extern "C"

@@ -1,5 +1,6 @@
 // Streams, events and host functions (see stream.h).
 #include "api.h"
+#include "variants.h"
 
 using namespace sim;
 
@@ -35,17 +36,12 @@ CUresult host_func(CUstream h, CUhostFn fn, void* data) {
   return stream::launch_host_func(s, fn, data);
 }
 
-CUstream per_thread(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
+CUstream per_thread(CUstream s) {
+  return s ? s : CU_STREAM_PER_THREAD;
+}
 
 }  // namespace
 
-SIM_DECLARE_VARIANT(cuStreamSynchronize, cuStreamSynchronize_ptsz)
-SIM_DECLARE_VARIANT(cuStreamQuery, cuStreamQuery_ptsz)
-SIM_DECLARE_VARIANT(cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
-SIM_DECLARE_VARIANT(cuEventRecord, cuEventRecord_ptsz)
-SIM_DECLARE_VARIANT(cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz)
-SIM_DECLARE_VARIANT(cuLaunchHostFunc, cuLaunchHostFunc_ptsz)
-SIM_DECLARE_VARIANT(cuStreamGetId, cuStreamGetId_ptsz)
 
 extern "C" {
 
@@ -75,11 +71,13 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   cuStreamSynchronize_params p_{hStream};
-  return SIM_INVOKE(cuStreamSynchronize, p_, [&] { return with_stream(hStream, stream::synchronize); });
+  return SIM_INVOKE(cuStreamSynchronize, p_,
+                    [&] { return with_stream(hStream, stream::synchronize); });
 }
 CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
   cuStreamSynchronize_ptsz_params p_{hStream};
-  return SIM_INVOKE(cuStreamSynchronize_ptsz, p_, [&] { return with_stream(per_thread(hStream), stream::synchronize); });
+  return SIM_INVOKE(cuStreamSynchronize_ptsz, p_,
+                    [&] { return with_stream(per_thread(hStream), stream::synchronize); });
 }
 
 CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
@@ -88,7 +86,8 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
 }
 CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream) {
   cuStreamQuery_ptsz_params p_{hStream};
-  return SIM_INVOKE(cuStreamQuery_ptsz, p_, [&] { return with_stream(per_thread(hStream), stream::query); });
+  return SIM_INVOKE(cuStreamQuery_ptsz, p_,
+                    [&] { return with_stream(per_thread(hStream), stream::query); });
 }
 
 CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
@@ -97,7 +96,8 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
 }
 CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
   cuStreamWaitEvent_ptsz_params p_{hStream, hEvent, Flags};
-  return SIM_INVOKE(cuStreamWaitEvent_ptsz, p_, [&] { return wait_event(per_thread(hStream), hEvent, Flags); });
+  return SIM_INVOKE(cuStreamWaitEvent_ptsz, p_,
+                    [&] { return wait_event(per_thread(hStream), hEvent, Flags); });
 }
 
 CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int* flags) {
@@ -153,7 +153,8 @@ CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData)
 }
 CUresult CUDAAPI cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
   cuLaunchHostFunc_ptsz_params p_{hStream, fn, userData};
-  return SIM_INVOKE(cuLaunchHostFunc_ptsz, p_, [&] { return host_func(per_thread(hStream), fn, userData); });
+  return SIM_INVOKE(cuLaunchHostFunc_ptsz, p_,
+                    [&] { return host_func(per_thread(hStream), fn, userData); });
 }
 
 CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
@@ -184,10 +185,10 @@ CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsign
   cuEventRecordWithFlags_params p_{hEvent, hStream, flags};
   return SIM_INVOKE(cuEventRecordWithFlags, p_, [&] { return record(hEvent, hStream, flags); });
 }
-CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
-                                             unsigned int flags) {
+CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags) {
   cuEventRecordWithFlags_ptsz_params p_{hEvent, hStream, flags};
-  return SIM_INVOKE(cuEventRecordWithFlags_ptsz, p_, [&] { return record(hEvent, per_thread(hStream), flags); });
+  return SIM_INVOKE(cuEventRecordWithFlags_ptsz, p_,
+                    [&] { return record(hEvent, per_thread(hStream), flags); });
 }
 
 CUresult CUDAAPI cuEventQuery(CUevent hEvent) {

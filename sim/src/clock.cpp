@@ -24,9 +24,12 @@ void publish(uint64_t t) {
 
 EngineState& engine_state(Device& dev, Engine e) {
   switch (e) {
-    case Engine::kCopyH2D: return dev.h2d;
-    case Engine::kCopyD2H: return dev.d2h;
-    default: return dev.compute;
+    case Engine::kCopyH2D:
+      return dev.h2d;
+    case Engine::kCopyD2H:
+      return dev.d2h;
+    default:
+      return dev.compute;
   }
 }
 
@@ -39,7 +42,9 @@ void note_busy(EngineState& es, Interval iv) {
 
 }  // namespace
 
-uint64_t now() { return thread_time(); }
+uint64_t now() {
+  return thread_time();
+}
 
 void advance(uint64_t ns) {
   thread_time() += ns;

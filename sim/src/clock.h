@@ -11,9 +11,9 @@
 
 namespace sim::clock {
 
-uint64_t now();                // calling thread's virtual time
-void advance(uint64_t ns);     // host work
-void advance_to(uint64_t t);   // a host wait that ended at virtual time t
+uint64_t now();               // calling thread's virtual time
+void advance(uint64_t ns);    // host work
+void advance_to(uint64_t t);  // a host wait that ended at virtual time t
 
 // Places `bytes` (or `duration_ns` for kernels) on `engine` no earlier than
 // `earliest`, and returns the op's [start, end). Caller holds dev.sched_mu.

@@ -20,9 +20,9 @@ std::optional<uint64_t> parse_size(const std::string& text) {
     const char* name;
     double mult;
   };
-  static constexpr Unit kUnits[] = {{"", 1},         {"B", 1},        {"KiB", 1024.0},
+  static constexpr Unit kUnits[] = {{"", 1},          {"B", 1},         {"KiB", 1024.0},
                                     {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1099511627776.0},
-                                    {"KB", 1e3},      {"MB", 1e6},     {"GB", 1e9},
+                                    {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},
                                     {"TB", 1e12}};
   for (const Unit& u : kUnits) {
     if (unit == u.name) {
@@ -65,7 +65,8 @@ struct Reader {
   void fail(const char* name, const char* value, const char* accepted) {
     if (!ok) return;
     ok = false;
-    *error = std::string("simcuda: ") + name + "='" + value + "' is not valid; accepted: " + accepted;
+    *error =
+        std::string("simcuda: ") + name + "='" + value + "' is not valid; accepted: " + accepted;
   }
   void size(const char* name, uint64_t* out, uint64_t min) {
     if (const char* v = get(name)) {
@@ -78,7 +79,8 @@ struct Reader {
     if (const char* v = get(name)) {
       auto s = parse_uint(v);
       if (!s || *s < min || *s > max) {
-        std::string acc = "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+        std::string acc =
+            "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
         return fail(name, v, acc.c_str());
       }
       *out = *s;
@@ -93,9 +95,12 @@ struct Reader {
   }
   void flag(const char* name, bool* out) {
     if (const char* v = get(name)) {
-      if (std::strcmp(v, "0") == 0) *out = false;
-      else if (std::strcmp(v, "1") == 0) *out = true;
-      else fail(name, v, "0 or 1");
+      if (std::strcmp(v, "0") == 0)
+        *out = false;
+      else if (std::strcmp(v, "1") == 0)
+        *out = true;
+      else
+        fail(name, v, "0 or 1");
     }
   }
 };
@@ -126,13 +131,14 @@ std::optional<Config> load_config(std::string* error) {
   r.flag("SIMCUDA_LOG", &c.log);
   if (const char* v = r.get("SIMCUDA_FAIL")) c.fail_spec = v;
   // A misspelt variable would silently leave a default in place: refuse it.
-  static constexpr const char* kKnown[] = {
-      "SIMCUDA_DEVICE_COUNT", "SIMCUDA_DEVICE_MEMORY", "SIMCUDA_HOST_MEMORY",
-      "SIMCUDA_GRANULARITY",  "SIMCUDA_H2D_GBPS",      "SIMCUDA_D2H_GBPS",
-      "SIMCUDA_BIDIR_GBPS",   "SIMCUDA_HBM_GBPS",      "SIMCUDA_API_NS",
-      "SIMCUDA_LAUNCH_NS",    "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
-      "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED", "SIMCUDA_LOG",
-      "SIMCUDA_FAIL"};
+  static constexpr const char* kKnown[] = {"SIMCUDA_DEVICE_COUNT",  "SIMCUDA_DEVICE_MEMORY",
+                                           "SIMCUDA_HOST_MEMORY",   "SIMCUDA_GRANULARITY",
+                                           "SIMCUDA_H2D_GBPS",      "SIMCUDA_D2H_GBPS",
+                                           "SIMCUDA_BIDIR_GBPS",    "SIMCUDA_HBM_GBPS",
+                                           "SIMCUDA_API_NS",        "SIMCUDA_LAUNCH_NS",
+                                           "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
+                                           "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED",
+                                           "SIMCUDA_LOG",           "SIMCUDA_FAIL"};
   for (char** e = environ; r.ok && e && *e; ++e) {
     if (std::strncmp(*e, "SIMCUDA_", 8) != 0) continue;
     std::string name(*e, std::strcspn(*e, "="));

@@ -16,16 +16,16 @@ struct Config {
   uint64_t granularity = 2ull << 20;     // cuMemGetAllocationGranularity, both options
   double h2d_bytes_per_ns = 55.0;        // 55 GB/s, pinned, one direction at a time
   double d2h_bytes_per_ns = 55.0;
-  double bidir_bytes_per_ns = 45.0;      // each direction while both run (assumption)
-  double hbm_bytes_per_ns = 3000.0;      // ~3 TB/s
-  uint64_t api_ns = 500;                 // host cost of a driver call
-  uint64_t launch_ns = 4000;             // host cost of a kernel launch
-  uint64_t jitter_seed = 0;              // 0: no jitter
+  double bidir_bytes_per_ns = 45.0;  // each direction while both run (assumption)
+  double hbm_bytes_per_ns = 3000.0;  // ~3 TB/s
+  uint64_t api_ns = 500;             // host cost of a driver call
+  uint64_t launch_ns = 4000;         // host cost of a kernel launch
+  uint64_t jitter_seed = 0;          // 0: no jitter
   uint64_t jitter_max_us = 200;
   bool host_numa_vmm = true;  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool concurrent_managed = true;
-  std::string fail_spec;      // SIMCUDA_FAIL
-  bool log = false;           // SIMCUDA_LOG=1: the sim explains every refused call on stderr
+  std::string fail_spec;  // SIMCUDA_FAIL
+  bool log = false;       // SIMCUDA_LOG=1: the sim explains every refused call on stderr
 };
 
 // Parses the environment. On a bad value returns nullopt and sets `error`

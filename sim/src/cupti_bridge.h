@@ -27,12 +27,12 @@ struct Activity {
   uint32_t device_id;
   uint32_t context_id;
   uint32_t stream_id;
-  const char* name;      // kernel name (static storage for the kernel's lifetime), or nullptr
-  uint64_t bytes;        // memcpy / memset
-  uint8_t copy_kind;     // CUpti_ActivityMemcpyKind
-  uint8_t src_kind;      // CUpti_ActivityMemoryKind
-  uint8_t dst_kind;      // CUpti_ActivityMemoryKind
-  uint32_t value;        // memset value
+  const char* name;   // kernel name (static storage for the kernel's lifetime), or nullptr
+  uint64_t bytes;     // memcpy / memset
+  uint8_t copy_kind;  // CUpti_ActivityMemcpyKind
+  uint8_t src_kind;   // CUpti_ActivityMemoryKind
+  uint8_t dst_kind;   // CUpti_ActivityMemoryKind
+  uint32_t value;     // memset value
   unsigned grid[3];
   unsigned block[3];
 };
@@ -57,8 +57,8 @@ struct Hooks {
 
 // Reported back to CUPTI so it can answer cuptiGetTimestamp / id queries.
 struct DriverInfo {
-  uint64_t (*now_ns)();                         // calling thread's virtual time
-  uint32_t (*context_id)(CUcontext ctx);        // 0 if unknown
+  uint64_t (*now_ns)();                                   // calling thread's virtual time
+  uint32_t (*context_id)(CUcontext ctx);                  // 0 if unknown
   uint32_t (*stream_id)(CUcontext ctx, CUstream stream);  // 0 if unknown
   uint32_t (*device_id)(CUcontext ctx);
 };

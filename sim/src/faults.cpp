@@ -29,7 +29,7 @@ Faults& F() {
 
 bool allocates(std::string_view base) {
   static constexpr std::string_view kAlloc[] = {
-      "cuMemCreate",      "cuMemAlloc",        "cuMemAllocHost",      "cuMemHostAlloc",
+      "cuMemCreate",       "cuMemAlloc",          "cuMemAllocHost",    "cuMemHostAlloc",
       "cuMemAllocManaged", "cuMemAddressReserve", "cuMemHostRegister", "cuMemMap"};
   for (auto a : kAlloc)
     if (a == base) return true;
@@ -74,18 +74,21 @@ bool configure(const std::string& spec, std::string* error) {
   size_t pos = 0;
   while (pos < spec.size()) {
     size_t comma = spec.find(',', pos);
-    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? spec.size() : comma + 1;
     auto bad = [&](const char* why) {
-      *error = "simcuda: SIMCUDA_FAIL='" + spec + "': item '" + item + "' " + why +
-               "; accepted: name:n[+][:CUDA_ERROR_X],... e.g. cuMemCreate:3,cuMemcpyDtoHAsync_v2:10+";
+      *error =
+          "simcuda: SIMCUDA_FAIL='" + spec + "': item '" + item + "' " + why +
+          "; accepted: name:n[+][:CUDA_ERROR_X],... e.g. cuMemCreate:3,cuMemcpyDtoHAsync_v2:10+";
       return false;
     };
     size_t c1 = item.find(':');
     if (c1 == std::string::npos || c1 == 0) return bad("has no name:n");
     std::string name = item.substr(0, c1);
     size_t c2 = item.find(':', c1 + 1);
-    std::string count = item.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1);
+    std::string count =
+        item.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1);
     bool and_after = !count.empty() && count.back() == '+';
     if (and_after) count.pop_back();
     char* end = nullptr;

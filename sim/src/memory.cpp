@@ -26,8 +26,8 @@ struct Physical {
   uint64_t id = 0;
   uint64_t offset = 0;  // into the backing memfd
   size_t size = 0;
-  bool host = false;    // host-located (CU_MEM_LOCATION_TYPE_HOST / HOST_NUMA)
-  int device = 0;       // device-located: ordinal; host-located: device whose context created it
+  bool host = false;  // host-located (CU_MEM_LOCATION_TYPE_HOST / HOST_NUMA)
+  int device = 0;     // device-located: ordinal; host-located: device whose context created it
   CUmemAllocationProp prop{};
   int mappings = 0;
   bool released = false;
@@ -76,7 +76,9 @@ Memory& M() {
   return *m;
 }
 
-size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+size_t round_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 Reservation* find_reservation(Memory& m, uintptr_t p) {
   auto it = m.reservations.upper_bound(p);
@@ -130,8 +132,10 @@ CUresult charge_host(Memory& m, uint64_t bytes) {
 }
 
 void uncharge(Memory& m, const Physical& p) {
-  if (p.host) m.host_used -= p.size;
-  else m.dev[p.device].used -= p.size;
+  if (p.host)
+    m.host_used -= p.size;
+  else
+    m.dev[p.device].used -= p.size;
 }
 
 // Returns physical memory to the system once it is neither mapped nor owned.
@@ -150,9 +154,12 @@ void* map_fixed_none(uintptr_t va, size_t size) {
 
 int prot_of(unsigned long long access) {
   switch (access) {
-    case CU_MEM_ACCESS_FLAGS_PROT_READ: return PROT_READ;
-    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return PROT_READ | PROT_WRITE;
-    default: return PROT_NONE;
+    case CU_MEM_ACCESS_FLAGS_PROT_READ:
+      return PROT_READ;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+      return PROT_READ | PROT_WRITE;
+    default:
+      return PROT_NONE;
   }
 }
 
@@ -327,8 +334,8 @@ CUresult release(CUmemGenericAllocationHandle handle) {
   std::lock_guard lk(m.mu);
   auto it = m.handles.find(handle);
   if (it == m.handles.end() || it->second->released)
-    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemRelease: unknown or already released handle %#llx",
-                  handle);
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemRelease: unknown or already released handle %#llx", handle);
   auto p = it->second;
   p->released = true;
   maybe_free(m, p);  // otherwise freed by the last cuMemUnmap (cuda.h: cuMemRelease)
@@ -344,15 +351,15 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: offset must be zero (cuda.h: cuMemMap)");
   if (size == 0 || ptr % m.cfg.granularity != 0 || size % m.cfg.granularity != 0)
     return refuse(CUDA_ERROR_INVALID_VALUE,
-                  "cuMemMap: ptr %#llx and size %zu must be multiples of the granularity %llu",
-                  ptr, size, (unsigned long long)m.cfg.granularity);
+                  "cuMemMap: ptr %#llx and size %zu must be multiples of the granularity %llu", ptr,
+                  size, (unsigned long long)m.cfg.granularity);
   auto hit = m.handles.find(handle);
   if (hit == m.handles.end() || hit->second->released)
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: unknown or released handle %#llx", handle);
   auto p = hit->second;
   if (offset + size > p->size)
-    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: size %zu exceeds the allocation (%zu)",
-                  size, p->size);
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: size %zu exceeds the allocation (%zu)", size,
+                  p->size);
   Reservation* r = find_reservation(m, ptr);
   if (!r || r->classic || ptr + size > r->base + r->size)
     return refuse(CUDA_ERROR_INVALID_VALUE,
@@ -404,14 +411,14 @@ CUresult unmap(CUdeviceptr ptr, size_t size) {
 
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   Memory& m = M();
-  if (!desc || count == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: no descriptors");
+  if (!desc || count == 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: no descriptors");
   unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
       return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: only device locations are modeled");
     if (desc[i].location.id < 0 || desc[i].location.id >= m.cfg.device_count)
-      return refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemSetAccess: no device %d",
-                    desc[i].location.id);
+      return refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemSetAccess: no device %d", desc[i].location.id);
     if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE || desc[i].flags == 2)
       return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: bad flags %d",
                     static_cast<int>(desc[i].flags));
@@ -527,7 +534,8 @@ CUresult host_alloc(void** pp, size_t size, unsigned flags) {
   if (!pp || size == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc: null or zero");
   constexpr unsigned kKnown =
       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
-  if (flags & ~kKnown) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc: bad flags %#x", flags);
+  if (flags & ~kKnown)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc: bad flags %#x", flags);
   size_t bytes = round_up(size, kPage);
   std::lock_guard lk(m.mu);
   if (CUresult e = charge_host(m, bytes); e != CUDA_SUCCESS) return e;
@@ -612,7 +620,8 @@ Located locate(uintptr_t p) {
   if (Reservation* r = find_reservation(m, p)) {
     Mapping* mp = find_mapping(*r, p);
     if (!mp) return {Where::kUnmapped, r->device, {p, p + 1}};
-    return {mp->phys->host ? Where::kHostMapped : Where::kDevice, mp->phys->device,
+    return {mp->phys->host ? Where::kHostMapped : Where::kDevice,
+            mp->phys->device,
             {mp->va, mp->va + mp->size}};
   }
   if (find_host(m, p)) return {Where::kPinned, 0, {p, p + 1}};

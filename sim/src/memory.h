@@ -44,15 +44,15 @@ CUresult set_external_usage(int device, uint64_t bytes);
 
 // What backs an address, as seen by the copy engines and the clock.
 enum class Where : uint8_t {
-  kPageable,     // ordinary host memory
-  kPinned,       // cuMemHostAlloc / cuMemHostRegister
-  kDevice,       // device VA mapped to device-located physical memory
-  kHostMapped,   // device VA mapped to host-located physical memory
-  kUnmapped,     // device VA (inside a reservation) with no mapping
+  kPageable,    // ordinary host memory
+  kPinned,      // cuMemHostAlloc / cuMemHostRegister
+  kDevice,      // device VA mapped to device-located physical memory
+  kHostMapped,  // device VA mapped to host-located physical memory
+  kUnmapped,    // device VA (inside a reservation) with no mapping
 };
 struct Located {
   Where where;
-  int device;   // for device VA: the device of the physical memory (or reservation)
+  int device;     // for device VA: the device of the physical memory (or reservation)
   Range mapping;  // for mapped device VA: the whole mapping containing the address
 };
 Located locate(uintptr_t p);

@@ -23,10 +23,16 @@ thread_local std::vector<Context*> t_ctx_stack;  // current context is back()
 namespace {
 std::atomic<const simbridge::Hooks*> g_hooks{nullptr};
 }
-const simbridge::Hooks* cupti_hooks() { return g_hooks.load(std::memory_order_acquire); }
-void set_cupti_hooks(const simbridge::Hooks* hooks) { g_hooks.store(hooks, std::memory_order_release); }
+const simbridge::Hooks* cupti_hooks() {
+  return g_hooks.load(std::memory_order_acquire);
+}
+void set_cupti_hooks(const simbridge::Hooks* hooks) {
+  g_hooks.store(hooks, std::memory_order_release);
+}
 
-State* state() { return g_state.load(std::memory_order_acquire); }
+State* state() {
+  return g_state.load(std::memory_order_acquire);
+}
 
 CUresult init_state() {
   std::lock_guard lk(g_init_mu);
@@ -71,7 +77,9 @@ uint64_t new_handle() {
   return st.next_handle;
 }
 
-std::vector<Context*>& context_stack() { return t_ctx_stack; }
+std::vector<Context*>& context_stack() {
+  return t_ctx_stack;
+}
 
 CUresult current_context(Context** out) {
   if (!state()) return CUDA_ERROR_NOT_INITIALIZED;

@@ -41,13 +41,13 @@ struct Op {
   enum class Kind : uint8_t { kKernel, kCopy, kMemset, kHostFn, kMarker };
   Kind kind = Kind::kMarker;
   Engine engine = Engine::kNone;
-  std::function<void()> effect;             // the real work (device accesses guarded)
-  std::vector<std::shared_ptr<Op>> deps;    // ops on other streams to wait for
-  std::vector<Range> touched;               // address ranges the op may access
-  uint64_t vstart = 0, vend = 0;            // virtual interval
+  std::function<void()> effect;           // the real work (device accesses guarded)
+  std::vector<std::shared_ptr<Op>> deps;  // ops on other streams to wait for
+  std::vector<Range> touched;             // address ranges the op may access
+  uint64_t vstart = 0, vend = 0;          // virtual interval
   std::atomic<bool> done{false};
-  std::string what;                         // for error messages: "kernel foo", "copy HtoD ..."
-  simbridge::Activity activity{};           // filled for kernels, copies, memsets
+  std::string what;                // for error messages: "kernel foo", "copy HtoD ..."
+  simbridge::Activity activity{};  // filled for kernels, copies, memsets
   bool report_activity = false;
 };
 
@@ -61,8 +61,8 @@ struct Stream {
   bool per_thread = false;  // a CU_STREAM_PER_THREAD stream
 
   // Protected by Device::sched_mu.
-  uint64_t tail = 0;             // virtual time when its last op ends
-  std::shared_ptr<Op> last;      // most recently enqueued op
+  uint64_t tail = 0;         // virtual time when its last op ends
+  std::shared_ptr<Op> last;  // most recently enqueued op
 
   // The worker's queue: protected by mu.
   std::mutex mu;

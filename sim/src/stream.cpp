@@ -106,7 +106,9 @@ std::shared_ptr<Stream> make_stream(Context* ctx, unsigned flags, int priority, 
   return s;
 }
 
-bool blocking(const Stream& s) { return !s.legacy && !(s.flags & CU_STREAM_NON_BLOCKING); }
+bool blocking(const Stream& s) {
+  return !s.legacy && !(s.flags & CU_STREAM_NON_BLOCKING);
+}
 
 std::shared_ptr<Event> find_event(CUevent ev) {
   State* st = state();
@@ -166,7 +168,9 @@ CUresult create(Context* ctx, CUstream* out, unsigned flags, int priority) {
   return CUDA_SUCCESS;
 }
 
-std::shared_ptr<Stream> create_legacy(Context* ctx) { return make_stream(ctx, 0, 0, true, false); }
+std::shared_ptr<Stream> create_legacy(Context* ctx) {
+  return make_stream(ctx, 0, 0, true, false);
+}
 
 CUresult destroy(CUstream handle) {
   State& st = *state();
@@ -309,7 +313,9 @@ void wait_for_range(uintptr_t lo, uintptr_t hi) {
   for (const auto& op : users) wait(op);
 }
 
-bool in_host_function() { return t_in_host_fn; }
+bool in_host_function() {
+  return t_in_host_fn;
+}
 
 CUresult launch_host_func(const std::shared_ptr<Stream>& s, CUhostFn fn, void* data) {
   if (!fn) return refuse(CUDA_ERROR_INVALID_VALUE, "cuLaunchHostFunc: null function");
@@ -325,7 +331,8 @@ CUresult event_create(Context* ctx, CUevent* out, unsigned flags) {
   if (!out) return refuse(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: null output");
   constexpr unsigned kKnown =
       CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-  if (flags & ~kKnown) return refuse(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: bad flags %#x", flags);
+  if (flags & ~kKnown)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: bad flags %#x", flags);
   // cuda.h: CU_EVENT_INTERPROCESS requires CU_EVENT_DISABLE_TIMING.
   if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuEventCreate: INTERPROCESS needs DISABLE_TIMING");
@@ -354,7 +361,8 @@ CUresult event_destroy(CUevent handle) {
 
 CUresult event_record(CUevent handle, const std::shared_ptr<Stream>& s) {
   auto ev = find_event(handle);
-  if (!ev) return refuse(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord: event %p does not exist", handle);
+  if (!ev)
+    return refuse(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord: event %p does not exist", handle);
   auto op = std::make_shared<Op>();
   op->what = "event record";
   enqueue_marker(s, op);
@@ -366,7 +374,8 @@ CUresult event_record(CUevent handle, const std::shared_ptr<Stream>& s) {
 
 CUresult event_query(CUevent handle) {
   auto ev = find_event(handle);
-  if (!ev) return refuse(CUDA_ERROR_INVALID_HANDLE, "cuEventQuery: event %p does not exist", handle);
+  if (!ev)
+    return refuse(CUDA_ERROR_INVALID_HANDLE, "cuEventQuery: event %p does not exist", handle);
   std::shared_ptr<Op> op;
   {
     std::lock_guard lk(state()->handles_mu);
