@@ -25,10 +25,10 @@ extern "C" {
  * turned into a sticky CUDA_ERROR_ILLEGAL_ADDRESS for the context. */
 
 typedef struct simcuda_launch_info {
-  CUstream stream;          /* the stream the kernel was launched on */
+  CUstream stream; /* the stream the kernel was launched on */
   unsigned grid[3];
   unsigned block[3];
-  uint32_t correlation_id;  /* the CUPTI correlation id of the launch */
+  uint32_t correlation_id; /* the CUPTI correlation id of the launch */
 } simcuda_launch_info;
 
 typedef void (*simcuda_kernel_fn)(const void* params, size_t params_size,
@@ -39,13 +39,17 @@ typedef void (*simcuda_kernel_fn)(const void* params, size_t params_size,
 typedef uint64_t (*simcuda_duration_fn)(const void* params, size_t params_size, void* user);
 
 typedef struct simcuda_kernel_desc {
-  const char* name;             /* reported to CUPTI (activity and callbacks) */
+  const char* name; /* reported to CUPTI (activity and callbacks) */
   simcuda_kernel_fn fn;
   void* user;
-  const size_t* param_sizes;    /* size in bytes of each parameter */
-  size_t num_params;            /* offsets follow natural alignment, capped at 8 */
-  uint64_t duration_ns;         /* used when duration_fn is NULL */
+  const size_t* param_sizes; /* size in bytes of each parameter */
+  size_t num_params;
+  uint64_t duration_ns; /* used when duration_fn is NULL */
   simcuda_duration_fn duration_fn;
+  /* Optional alignment of each parameter (a power of two), as the compiler
+   * lays them out: a float4 is 16-byte aligned. NULL: natural alignment of
+   * the size, capped at 8. */
+  const size_t* param_aligns;
 } simcuda_kernel_desc;
 
 /* Registers a kernel in the current context's device. Returns a CUfunction
@@ -70,14 +74,14 @@ uint64_t simcuda_call_count(const char* name);
 
 typedef struct simcuda_memory_stats {
   uint64_t device_capacity;
-  uint64_t device_used;          /* device physical memory: cuMemCreate + cuMemAlloc + external */
+  uint64_t device_used; /* device physical memory: cuMemCreate + cuMemAlloc + external */
   uint64_t device_peak;
   uint64_t host_capacity;
-  uint64_t host_used;            /* host-located cuMemCreate + pinned host allocations */
+  uint64_t host_used; /* host-located cuMemCreate + pinned host allocations */
   uint64_t host_peak;
-  uint64_t bytes_h2d;            /* bytes moved by the copy engines, each way */
+  uint64_t bytes_h2d; /* bytes moved by the copy engines, each way */
   uint64_t bytes_d2h;
-  uint64_t remote_access_bytes;  /* bytes of host-backed mappings touched by kernels */
+  uint64_t remote_access_bytes; /* bytes of host-backed mappings touched by kernels */
 } simcuda_memory_stats;
 void simcuda_get_memory_stats(int device, simcuda_memory_stats* out);
 

@@ -171,7 +171,6 @@ CUstream per_thread(CUstream s) {
 
 }  // namespace
 
-
 extern "C" {
 
 // ---- generic (unified addressing) ----

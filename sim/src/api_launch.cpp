@@ -38,7 +38,10 @@ CUresult register_desc(const simcuda_kernel_desc* d, bool library, uint64_t* id)
   for (size_t i = 0; i < d->num_params; ++i) {
     size_t size = d->param_sizes[i];
     if (size == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "simcuda_register: zero-size param");
-    size_t a = align_of_param(size);
+    size_t a = d->param_aligns ? d->param_aligns[i] : align_of_param(size);
+    if (a == 0 || (a & (a - 1)) != 0)
+      return refuse(CUDA_ERROR_INVALID_VALUE, "simcuda_register: alignment %zu not a power of 2",
+                    a);
     at = (at + a - 1) / a * a;
     f->offsets.push_back(at);
     f->sizes.push_back(size);
@@ -167,7 +170,6 @@ CUstream per_thread(CUstream s) {
 }
 
 }  // namespace
-
 
 extern "C" {
 

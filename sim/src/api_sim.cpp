@@ -40,6 +40,8 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
   if (hooks && hooks->api)
     hooks->api(cbid, false, name, params, &result, ctx_handle, ctx_id, corr, &correlation_data);
   result = injected != CUDA_SUCCESS ? injected : body(body_ctx);
+  // The first cuInit creates the state, and its cost with it.
+  if (!st && (st = state())) clock::advance(st->config.api_ns);
   if (injected != CUDA_SUCCESS) refuse(injected, "%s: injected failure (SIMCUDA_FAIL)", name);
   if (hooks && hooks->api)
     hooks->api(cbid, true, name, params, &result, ctx_handle, ctx_id, corr, &correlation_data);

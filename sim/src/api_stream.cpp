@@ -42,7 +42,6 @@ CUstream per_thread(CUstream s) {
 
 }  // namespace
 
-
 extern "C" {
 
 CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {

@@ -289,9 +289,12 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
         return refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemCreate: no device %d", prop->location.id);
       p->device = prop->location.id;
       break;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      // cuda.h: "Specifying CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT as the
+      // CUmemLocation::type will result in CUDA_ERROR_INVALID_VALUE."
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: HOST_NUMA_CURRENT is not allowed");
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
       if (!m.cfg.host_numa_vmm)
         return refuse(CUDA_ERROR_NOT_SUPPORTED,
                       "cuMemCreate: host-located memory unsupported "

@@ -1,12 +1,13 @@
 // cuGetProcAddress: base name + CUDA version + stream-semantics flag -> the
-// entry point, as cuda.h describes it. Only the versions the sim implements
-// exist: asking for a version older than an entry's (say cuMemcpyHtoDAsync
-// for CUDA 3.0, the 32-bit v1) gives CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT.
+// entry point, as cuda.h describes it: a version newer than the driver is
+// CUDA_ERROR_INVALID_VALUE; an unknown symbol, or a version older than the
+// first one the sim implements for it (say cuMemcpyHtoDAsync for CUDA 3.0,
+// the 32-bit v1), is CUDA_SUCCESS with a NULL pointer and the status saying
+// which.
 #include <cstring>
 
 #include "api.h"
 #include "variants.h"
-
 
 namespace {
 
@@ -136,21 +137,25 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
   };
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
   if (flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) return CUDA_ERROR_INVALID_VALUE;
+  if (version > CUDA_VERSION)
+    return sim::refuse(CUDA_ERROR_INVALID_VALUE,
+                       "cuGetProcAddress: version %d is newer than the driver (%d)", version,
+                       CUDA_VERSION);
   *pfn = nullptr;
   for (const Entry& e : kEntries) {
     if (std::strcmp(e.base, symbol) != 0) continue;
     if (version < e.min_version) {
       set_status(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
-      return CUDA_ERROR_NOT_FOUND;
+      return CUDA_SUCCESS;
     }
     const bool per_thread = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
     *pfn = per_thread && e.per_thread ? e.per_thread : e.fn;
     set_status(CU_GET_PROC_ADDRESS_SUCCESS);
     return CUDA_SUCCESS;
   }
-  sim::refuse(CUDA_ERROR_NOT_FOUND, "cuGetProcAddress: %s is not simulated", symbol);
+  sim::refuse(CUDA_SUCCESS, "cuGetProcAddress: %s is not simulated", symbol);
   set_status(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
-  return CUDA_ERROR_NOT_FOUND;
+  return CUDA_SUCCESS;
 }
 
 }  // namespace

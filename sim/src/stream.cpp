@@ -66,7 +66,7 @@ void worker(std::shared_ptr<Stream> s) {
     {
       std::unique_lock lk(s->mu);
       s->cv.wait(lk, [&] { return !s->queue.empty() || s->retiring; });
-      if (s->queue.empty()) return;  // retiring and drained
+      if (s->queue.empty()) break;  // retiring and drained
       op = s->queue.front();
     }
     for (const auto& d : op->deps) wait_real(st, d);
@@ -90,6 +90,9 @@ void worker(std::shared_ptr<Stream> s) {
     }
     mark_done(st, op);
   }
+  std::lock_guard lk(s->ctx->streams_mu);
+  auto& v = s->ctx->streams;
+  v.erase(std::remove(v.begin(), v.end(), s), v.end());
 }
 
 std::shared_ptr<Stream> make_stream(Context* ctx, unsigned flags, int priority, bool legacy,
@@ -183,13 +186,10 @@ CUresult destroy(CUstream handle) {
     s = it->second;
     st.streams.erase(it);
   }
-  {
-    std::lock_guard lk(s->ctx->streams_mu);
-    auto& v = s->ctx->streams;
-    v.erase(std::remove(v.begin(), v.end(), s), v.end());
-  }
   // cuda.h: if work is still pending, cuStreamDestroy returns at once and the
-  // resources are released when the work completes.
+  // resources are released when the work completes. Until then the stream
+  // stays in its context's list, so cuCtxSynchronize and the legacy stream
+  // still wait for that work; its worker removes it once drained.
   {
     std::lock_guard lk(s->mu);
     s->retiring = true;
