@@ -56,6 +56,13 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
 
 using namespace sim;
 
+namespace {
+Context* current_or_null() {
+  auto& stack = context_stack();
+  return stack.empty() ? nullptr : stack.back();
+}
+}  // namespace
+
 extern "C" {
 
 __attribute__((visibility("default"))) bool simcuda_cupti_attach(const simbridge::Hooks* hooks,
@@ -67,15 +74,19 @@ __attribute__((visibility("default"))) bool simcuda_cupti_attach(const simbridge
       Context* ctx = context_from_handle(c);
       return ctx ? ctx->id : 0;
     };
+    // cupti_activity.h: the context argument is "typically null", meaning
+    // the calling thread's current context.
     info->device_id = [](CUcontext c) -> uint32_t {
-      Context* ctx = context_from_handle(c);
-      return ctx ? static_cast<uint32_t>(ctx->device) : 0;
+      Context* ctx = c ? context_from_handle(c) : current_or_null();
+      return ctx ? static_cast<uint32_t>(ctx->device) : UINT32_MAX;
     };
     info->stream_id = [](CUcontext c, CUstream h) -> uint32_t {
-      Context* ctx = context_from_handle(c);
+      Context* ctx = c ? context_from_handle(c) : current_or_null();
       std::shared_ptr<Stream> s;
-      if (!ctx || stream::resolve(ctx, h, &s) != CUDA_SUCCESS) return 0;
-      return s->stream_id;
+      if (ctx && stream::resolve(ctx, h, &s) == CUDA_SUCCESS) return s->stream_id;
+      // A created stream knows its own context.
+      if (stream::find_created(h, &s)) return s->stream_id;
+      return 0;
     };
   }
   set_cupti_hooks(hooks);

@@ -56,11 +56,13 @@ struct Hooks {
 };
 
 // Reported back to CUPTI so it can answer cuptiGetTimestamp / id queries.
+// A null context means the calling thread's current one (cupti_activity.h:
+// the context argument is "typically null").
 struct DriverInfo {
   uint64_t (*now_ns)();                                   // calling thread's virtual time
   uint32_t (*context_id)(CUcontext ctx);                  // 0 if unknown
   uint32_t (*stream_id)(CUcontext ctx, CUstream stream);  // 0 if unknown
-  uint32_t (*device_id)(CUcontext ctx);
+  uint32_t (*device_id)(CUcontext ctx);                   // UINT32_MAX if unknown
 };
 
 }  // namespace simbridge

@@ -150,6 +150,15 @@ CUresult resolve(Context* ctx, CUstream handle, std::shared_ptr<Stream>* out) {
   return CUDA_SUCCESS;
 }
 
+bool find_created(CUstream handle, std::shared_ptr<Stream>* out) {
+  State& st = *state();
+  std::lock_guard lk(st.handles_mu);
+  auto it = st.streams.find(reinterpret_cast<uint64_t>(handle));
+  if (it == st.streams.end()) return false;
+  *out = it->second;
+  return true;
+}
+
 CUresult create(Context* ctx, CUstream* out, unsigned flags, int priority) {
   if (!out) return refuse(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate: null output");
   if (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING))

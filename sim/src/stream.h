@@ -18,6 +18,8 @@ namespace sim::stream {
 // Resolves NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream.
 CUresult resolve(Context* ctx, CUstream handle, std::shared_ptr<Stream>* out);
 CUresult create(Context* ctx, CUstream* out, unsigned flags, int priority);
+// A stream made by cuStreamCreate*, whatever the current context.
+bool find_created(CUstream handle, std::shared_ptr<Stream>* out);
 std::shared_ptr<Stream> create_legacy(Context* ctx);
 CUresult destroy(CUstream handle);
 
