@@ -93,8 +93,9 @@ CUresult simcuda_set_external_usage(int device, uint64_t bytes);
  * the first illegal access (address, which kernel or copy) in `buf`. */
 CUresult simcuda_sticky_error(int device, char* buf, size_t len);
 
-/* Make the nth (1-based) call of `name` fail with `error`; with `and_after`,
- * that call and every later one. Same as SIMCUDA_FAIL=name:n[+][:ERROR]. */
+/* Make the nth (1-based) call of `name` made from now on fail with `error`;
+ * with `and_after`, that call and every later one. SIMCUDA_FAIL=name:n[+][:ERROR]
+ * does the same counting from cuInit. */
 CUresult simcuda_fail_call(const char* name, uint64_t nth, int and_after, CUresult error);
 void simcuda_clear_faults(void);
 

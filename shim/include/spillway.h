@@ -1,0 +1,44 @@
+/* spillway.h: the C ABI of libspillway.so, the only symbols it exports.
+ *
+ * PyTorch calls the first two through its pluggable-allocator interface:
+ *   torch.cuda.memory.CUDAPluggableAllocator(
+ *       "/path/to/libspillway.so", "spillway_malloc", "spillway_free")
+ * Nothing happens until the first call: loading the library into a process
+ * that never calls it changes nothing. Configuration comes from SPILLWAY_*
+ * environment variables (docs/config.md), read at the first call; a bad value
+ * stops the process with a message naming the variable.
+ */
+#ifndef SPILLWAY_H
+#define SPILLWAY_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUstream_st; /* cudaStream_t and CUstream are both `struct CUstream_st*` */
+
+/* Allocates `size` bytes of device memory on `device` for use on `stream`.
+ * Returns NULL when the memory cannot be had even after evicting everything
+ * evictable (PyTorch then raises its usual out-of-memory error, and spillway
+ * logs what was resident). */
+void* spillway_malloc(size_t size, int device, struct CUstream_st* stream);
+
+/* Frees a pointer returned by spillway_malloc; `size` must be the size it was
+ * allocated with. A pointer spillway does not know, a double free or a size
+ * mismatch is logged and ignored: nothing is freed, nothing crashes. */
+void spillway_free(void* ptr, size_t size, int device, struct CUstream_st* stream);
+
+/* Marks the end of a training step (optional; counted in the statistics). */
+void spillway_mark_step(void);
+
+/* Writes the current counters as a JSON object into buf (at most len bytes,
+ * NUL-terminated when len > 0) and returns the length the full JSON needs,
+ * not counting the NUL. spillway_stats_json(NULL, 0) asks for the length. */
+size_t spillway_stats_json(char* buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SPILLWAY_H */

@@ -1,0 +1,604 @@
+#include "allocator.h"
+
+#include <algorithm>
+
+#include "log.h"
+
+namespace spillway {
+
+struct Allocator::Block {
+  uintptr_t ptr = 0;
+  size_t size = 0;  // requested bytes while live
+  size_t cap = 0;   // bytes behind it: a granule multiple for large blocks
+  CUstream stream = nullptr;
+  bool large = false;
+  bool live = false;
+  bool on_host = false;  // evicted: host memory mapped at ptr
+  CUmemGenericAllocationHandle dev = 0, host = 0;
+  uint64_t last_use = 0;
+};
+
+namespace {
+
+size_t round_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+
+// Small blocks are 512-byte aligned, like PyTorch's, in chunks of 2 MiB.
+constexpr size_t kSmallAlign = 512;
+constexpr size_t kChunk = 2ull << 20;
+
+// A cached large block serves a request if it wastes little: at most a
+// granule or an eighth of the request, whichever is more.
+size_t slack(size_t cap, size_t granule) {
+  return std::max(granule, cap / 8);
+}
+
+}  // namespace
+
+std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const AllocatorOptions& o,
+                                             std::string* why) {
+  std::unique_ptr<Allocator> a(new Allocator(d, o));
+  if (!a->ensure_context()) {
+    *why = "no CUDA context for device " + std::to_string(o.device);
+    return nullptr;
+  }
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = o.device;
+  size_t g = 0;
+  CUresult r = d.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r != CUDA_SUCCESS || g == 0) {
+    *why = "cuMemGetAllocationGranularity failed: " + cu::describe(d, r);
+    return nullptr;
+  }
+  a->granule_ = g;
+  size_t total = 0;
+  CUdevice dev = 0;
+  d.cuDeviceGet(&dev, o.device);
+  d.cuDeviceTotalMem(&total, dev);
+  // VA is cheap: room for the device's memory four times over, so evicted
+  // blocks (which keep their addresses) never exhaust it.
+  r = a->arena_.reserve(std::max<size_t>(4 * total, 64ull << 30));
+  if (r != CUDA_SUCCESS) {
+    *why = "cuMemAddressReserve failed: " + cu::describe(d, r);
+    return nullptr;
+  }
+  a->d2h_ = Stream(d, CU_STREAM_NON_BLOCKING);
+  a->h2d_ = Stream(d, CU_STREAM_NON_BLOCKING);
+  a->ev_ = Event(d);
+  if (!a->d2h_ || !a->h2d_ || !a->ev_) {
+    *why = "cannot create the copy streams or events";
+    return nullptr;
+  }
+  a->s_.budget_bytes = o.gpu_budget;
+  a->s_.host_budget_bytes = o.host_budget;
+  return a;
+}
+
+Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
+    : d_(d),
+      o_(o),
+      arena_(d, 2ull << 20),
+      dev_(d,
+           [&] {
+             CUmemAllocationProp p{};
+             p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+             p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+             p.location.id = o.device;
+             return p;
+           }()),
+      host_(d,
+            [&] {
+              CUmemAllocationProp p{};
+              p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+              p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+              p.location.id = 0;
+              return p;
+            }()),
+      chooser_(std::make_unique<policy::LruChooser>()) {}
+
+Allocator::~Allocator() = default;
+
+bool Allocator::ensure_context() {
+  // Allocation paths that reach the driver run on PyTorch's threads (which
+  // have the primary context current) and on spillway's own.
+  CUcontext cur = nullptr;
+  if (d_.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur) {
+    if (!ctx_) ctx_ = cur;
+    return true;
+  }
+  if (!ctx_) {
+    CUdevice dev = 0;
+    if (d_.cuDeviceGet(&dev, o_.device) != CUDA_SUCCESS) return false;
+    if (d_.cuDevicePrimaryCtxRetain(&ctx_, dev) != CUDA_SUCCESS) return false;
+  }
+  return d_.cuCtxSetCurrent(ctx_) == CUDA_SUCCESS;
+}
+
+Allocator::Block* Allocator::new_block() {
+  if (!spare_.empty()) {
+    Block* b = spare_.back();
+    spare_.pop_back();
+    *b = Block{};
+    return b;
+  }
+  blocks_.push_back(std::make_unique<Block>());
+  return blocks_.back().get();
+}
+
+void Allocator::note_live(Block* b, size_t size, CUstream stream) {
+  b->live = true;
+  b->size = size;
+  b->stream = stream;
+  b->last_use = ++tick_;
+  live_[b->ptr] = b;
+  s_.live_bytes += size;
+  s_.reserved_bytes += b->cap;
+  s_.peak_live_bytes = std::max(s_.peak_live_bytes, s_.live_bytes);
+  ++s_.mallocs;
+}
+
+void* Allocator::malloc(size_t size, CUstream stream) {
+  if (size == 0) return nullptr;
+  std::lock_guard lk(mu_);
+  void* p = size < o_.min_block ? malloc_small(size, stream) : malloc_large(size, stream);
+  if (!p) {
+    ++s_.ooms;
+    log_resident_set("allocation failed");
+  }
+  s_.resident_bytes = resident();
+  s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+  return p;
+}
+
+void* Allocator::malloc_small(size_t size, CUstream stream) {
+  const size_t n = round_up(size, kSmallAlign);
+  uintptr_t p = 0;
+  for (Chunk* c : stream_chunks_[stream])
+    if ((p = c->free.take(n))) break;
+  if (p) {
+    ++s_.cache_hits;
+  } else {
+    Chunk* c = new_chunk(n, stream);
+    if (!c) return nullptr;
+    p = c->free.take(n);
+  }
+  Block* b = new_block();
+  b->ptr = p;
+  b->cap = n;
+  note_live(b, size, stream);
+  return reinterpret_cast<void*>(p);
+}
+
+Allocator::Chunk* Allocator::new_chunk(size_t at_least, CUstream stream) {
+  const size_t size = round_up(std::max(at_least, kChunk), granule_);
+  if (!ensure_context() || !make_room(size)) return nullptr;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = dev_.take(size, &h);
+  if (r != CUDA_SUCCESS) {
+    log::warn("cuMemCreate({} bytes) for a small-block chunk failed: {}", size,
+              cu::describe(d_, r));
+    return nullptr;
+  }
+  uintptr_t va = arena_.take(size);
+  if (!va || (r = map_rw(d_, va, size, h, o_.device)) != CUDA_SUCCESS) {
+    if (va) arena_.give(va, size);
+    dev_.give(h, size);
+    return nullptr;
+  }
+  auto c = std::make_unique<Chunk>();
+  c->va = va;
+  c->size = size;
+  c->handle = h;
+  c->stream = stream;
+  c->free.give(va, size);
+  Chunk* raw = c.get();
+  chunks_[va] = std::move(c);
+  stream_chunks_[stream].push_back(raw);
+  small_bytes_ += size;
+  return raw;
+}
+
+Allocator::Chunk* Allocator::chunk_of(uintptr_t p) {
+  auto it = chunks_.upper_bound(p);
+  if (it == chunks_.begin()) return nullptr;
+  --it;
+  return p < it->first + it->second->size ? it->second.get() : nullptr;
+}
+
+size_t Allocator::release_free_chunks(size_t want) {
+  size_t freed = 0;
+  for (auto& [stream, v] : stream_chunks_) {
+    bool drained = false;
+    for (auto it = v.begin(); it != v.end() && freed < want;) {
+      Chunk* c = *it;
+      if (c->free.free_bytes() != c->size) {
+        ++it;
+        continue;
+      }
+      if (!drained && drain(stream) != CUDA_SUCCESS) break;
+      drained = true;
+      if (d_.cuMemUnmap(c->va, c->size) != CUDA_SUCCESS) {
+        ++it;
+        continue;
+      }
+      arena_.give(c->va, c->size);
+      dev_.give(c->handle, c->size);
+      freed += c->size;
+      small_bytes_ -= c->size;
+      it = v.erase(it);
+      chunks_.erase(c->va);
+    }
+  }
+  return freed;
+}
+
+void* Allocator::malloc_large(size_t size, CUstream stream) {
+  const size_t cap = round_up(size, granule_);
+  Block* b = take_cached(cap, stream);
+  if (b) {
+    ++s_.cache_hits;
+  } else {
+    if (!ensure_context()) return nullptr;
+    b = new_large(cap, stream);
+    if (!b) return nullptr;
+  }
+  note_live(b, size, stream);
+  return reinterpret_cast<void*>(b->ptr);
+}
+
+Allocator::Block* Allocator::take_cached(size_t cap, CUstream stream) {
+  auto take_from = [&](std::multimap<size_t, Block*>& m) -> Block* {
+    auto it = m.lower_bound(cap);
+    if (it == m.end() || it->first > cap + slack(cap, granule_)) return nullptr;
+    Block* b = it->second;
+    m.erase(it);
+    return b;
+  };
+  if (auto it = cached_large_.find(stream); it != cached_large_.end())
+    if (Block* b = take_from(it->second)) return b;
+  // Another stream's free block: usable once this stream is ordered after all
+  // the work the freeing stream had queued (contract 3).
+  for (auto& [other, m] : cached_large_) {
+    if (other == stream || m.empty()) continue;
+    if (Block* b = take_from(m)) {
+      if (order_after(stream, other) == CUDA_SUCCESS) return b;
+      m.emplace(b->cap, b);  // could not order: leave it where it was
+    }
+  }
+  return nullptr;
+}
+
+Allocator::Block* Allocator::new_large(size_t cap, CUstream stream) {
+  if (!make_room(cap)) return nullptr;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = dev_.take(cap, &h);
+  // The device may be fuller than the budget says (other processes, other
+  // libraries): make more room and retry while there is anything to free.
+  while (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    if (dev_.trim(cap) == 0) {
+      if (release_cached(cap) == 0 && evict_for(cap) == 0) break;
+      dev_.trim(cap, cap);
+    }
+    r = dev_.take(cap, &h);
+  }
+  if (r != CUDA_SUCCESS) {
+    log::warn("cuMemCreate({} bytes) failed: {}", cap, cu::describe(d_, r));
+    return nullptr;
+  }
+  uintptr_t va = arena_.take(cap);
+  if (!va) {
+    log::error("the VA arena ({} bytes) is exhausted", arena_.size());
+    dev_.give(h, cap);
+    return nullptr;
+  }
+  if ((r = map_rw(d_, va, cap, h, o_.device)) != CUDA_SUCCESS) {
+    log::error("mapping {} bytes at {:#x} failed: {}", cap, va, cu::describe(d_, r));
+    arena_.give(va, cap);
+    dev_.give(h, cap);
+    return nullptr;
+  }
+  Block* b = new_block();
+  b->ptr = va;
+  b->cap = cap;
+  b->large = true;
+  b->dev = h;
+  b->stream = stream;
+  s_.device_creates = dev_.creates();
+  return b;
+}
+
+Allocator::Block* Allocator::find_live(uintptr_t p) {
+  auto it = live_.find(p);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+void Allocator::free(void* ptr, size_t size, CUstream stream) {
+  if (!ptr) return;
+  std::lock_guard lk(mu_);
+  Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
+  if (!b) {
+    ++s_.bad_frees;
+    log::error(
+        "free of {} ({} bytes, stream {}): not a live spillway allocation (double free "
+        "or unknown pointer); ignored",
+        ptr, size, static_cast<void*>(stream));
+    return;
+  }
+  if (size != b->size) {
+    ++s_.bad_frees;
+    log::error("free of {} with size {}, but it was allocated with {} bytes; ignored", ptr, size,
+               b->size);
+    return;
+  }
+  live_.erase(b->ptr);
+  b->live = false;
+  s_.live_bytes -= b->size;
+  s_.reserved_bytes -= b->cap;
+  ++s_.frees;
+  b->last_use = ++tick_;
+  // The block returns to its allocation stream, whatever stream frees it:
+  // that is the stream its last uses are ordered on.
+  if (!b->large) {
+    chunk_of(b->ptr)->free.give(b->ptr, b->cap);
+    spare_.push_back(b);
+  } else if (b->on_host) {
+    free_evicted(b);
+  } else {
+    cached_large_[b->stream].emplace(b->cap, b);
+  }
+}
+
+void Allocator::free_evicted(Block* b) {
+  // Queued work may still read the host copy: let it finish before unmapping.
+  drain(b->stream);
+  if (d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
+    log::error("unmapping evicted block {:#x} failed; its host memory is kept", b->ptr);
+    return;
+  }
+  host_.give(b->host, b->cap);
+  arena_.give(b->ptr, b->cap);
+  spare_.push_back(b);
+}
+
+size_t Allocator::excess(size_t need) const {
+  // Taking a pooled handle of exactly `need` bytes adds nothing to what is held.
+  const uint64_t want = dev_.held() + (dev_.has(need) ? 0 : need);
+  return want > o_.gpu_budget ? want - o_.gpu_budget : 0;
+}
+
+bool Allocator::make_room(size_t need) {
+  if (o_.gpu_budget == 0 || excess(need) == 0) return true;
+  // Cheapest first: pooled handles, then cached free blocks, then live blocks.
+  // Freed handles go to the pool; only the excess is released, and a handle
+  // of the size about to be taken is kept for it.
+  dev_.trim(excess(need), need);
+  if (excess(need) > 0) release_cached(excess(need));
+  dev_.trim(excess(need), need);
+  if (excess(need) > 0 && o_.evict) evict_for(excess(need));
+  dev_.trim(excess(need), need);
+  s_.device_creates = dev_.creates();
+  if (size_t short_by = excess(need)) {
+    log::warn("cannot fit {} bytes in the budget of {} bytes: {} bytes short", need, o_.gpu_budget,
+              short_by);
+    return false;
+  }
+  return true;
+}
+
+size_t Allocator::release_cached(size_t want) {
+  // Each stream is drained once (its queued work may still use the blocks),
+  // then free blocks and wholly free small chunks are unmapped.
+  size_t freed = release_free_chunks(want);
+  for (auto& [stream, m] : cached_large_) {
+    if (freed >= want || m.empty()) continue;
+    if (drain(stream) != CUDA_SUCCESS) continue;
+    for (auto it = m.begin(); it != m.end() && freed < want;) {
+      Block* b = it->second;
+      if (d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
+        ++it;
+        continue;
+      }
+      arena_.give(b->ptr, b->cap);
+      dev_.give(b->dev, b->cap);
+      freed += b->cap;
+      ++s_.cached_releases;
+      spare_.push_back(b);
+      it = m.erase(it);
+    }
+  }
+  return freed;
+}
+
+size_t Allocator::evict_for(size_t want) {
+  std::vector<policy::Candidate> cands;
+  for (auto& [p, b] : live_)
+    if (b->large && !b->on_host) cands.push_back({p, b->cap, b->last_use});
+  std::vector<Block*> victims;
+  for (uint64_t id : chooser_->choose(std::move(cands), want)) victims.push_back(live_.at(id));
+  return evict_blocks(victims);
+}
+
+CUresult Allocator::order_after(CUstream waiter, CUstream s) {
+  CUresult r = d_.cuEventRecord(ev_.get(), s);
+  if (r == CUDA_SUCCESS) r = d_.cuStreamWaitEvent(waiter, ev_.get(), 0);
+  return r;
+}
+
+CUresult Allocator::drain(CUstream s) {
+  CUresult r = d_.cuEventRecord(ev_.get(), s);
+  if (r == CUDA_SUCCESS) r = d_.cuEventSynchronize(ev_.get());
+  return r;
+}
+
+size_t Allocator::evict_blocks(const std::vector<Block*>& victims) {
+  struct Move {
+    Block* b;
+    CUmemGenericAllocationHandle host;
+    uintptr_t scratch;
+  };
+  std::vector<Move> moves;
+  // 1. Copy each block into host memory mapped at a scratch address, on the
+  //    D2H stream, after everything already queued on the block's stream.
+  for (Block* b : victims) {
+    // Host memory counts against its budget whether in use or pooled.
+    if (o_.host_budget && !host_.has(b->cap)) {
+      const size_t want = host_.held() + b->cap;
+      if (want > o_.host_budget) host_.trim(want - o_.host_budget);
+      if (host_.held() + b->cap > o_.host_budget) {
+        log::warn("host budget of {} bytes reached: block {:#x} ({} bytes) stays on the device",
+                  o_.host_budget, b->ptr, b->cap);
+        break;
+      }
+    }
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = host_.take(b->cap, &h);
+    if (r != CUDA_SUCCESS) {
+      log::warn("host memory for eviction ({} bytes) unavailable: {}", b->cap, cu::describe(d_, r));
+      ++s_.evictions_failed;
+      break;
+    }
+    uintptr_t scratch = arena_.take(b->cap);
+    if (!scratch || map_rw(d_, scratch, b->cap, h, o_.device) != CUDA_SUCCESS) {
+      if (scratch) arena_.give(scratch, b->cap);
+      host_.give(h, b->cap);
+      ++s_.evictions_failed;
+      break;
+    }
+    if ((r = order_after(d2h_.get(), b->stream)) != CUDA_SUCCESS ||
+        (r = d_.cuMemcpyDtoDAsync(scratch, b->ptr, b->size, d2h_.get())) != CUDA_SUCCESS) {
+      log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
+      d_.cuMemUnmap(scratch, b->cap);
+      arena_.give(scratch, b->cap);
+      host_.give(h, b->cap);
+      ++s_.evictions_failed;
+      continue;
+    }
+    moves.push_back({b, h, scratch});
+  }
+  if (moves.empty()) return 0;
+  // 2. Wait for the copies (contract 1: they complete before device memory goes).
+  CUresult r = drain(d2h_.get());
+  // 3. Swap: the block's address now maps its host copy. Each step that fails
+  //    rolls that block back; its device memory is intact until the end.
+  size_t freed = 0;
+  for (const Move& m : moves) {
+    Block* b = m.b;
+    bool ok = r == CUDA_SUCCESS && d_.cuMemUnmap(m.scratch, b->cap) == CUDA_SUCCESS;
+    bool unmapped = ok && d_.cuMemUnmap(b->ptr, b->cap) == CUDA_SUCCESS;
+    if (unmapped && map_rw(d_, b->ptr, b->cap, m.host, o_.device) == CUDA_SUCCESS) {
+      dev_.give(b->dev, b->cap);
+      freed += b->cap;
+      b->on_host = true;
+      b->host = m.host;
+      b->dev = 0;
+      ++s_.blocks_evicted;
+      s_.bytes_evicted += b->size;
+    } else {
+      if (unmapped) map_rw(d_, b->ptr, b->cap, b->dev, o_.device);  // put the device memory back
+      if (!ok) d_.cuMemUnmap(m.scratch, b->cap);
+      host_.give(m.host, b->cap);
+      ++s_.evictions_failed;
+      log::warn("eviction of {:#x} rolled back (pending work on it, or a driver error)", b->ptr);
+    }
+    arena_.give(m.scratch, b->cap);
+  }
+  s_.host_bytes = host_.held();
+  s_.peak_host_bytes = std::max(s_.peak_host_bytes, s_.host_bytes);
+  s_.host_creates = host_.creates();
+  return freed;
+}
+
+CUresult Allocator::evict(const void* ptr) {
+  std::lock_guard lk(mu_);
+  Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
+  if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
+  if (b->on_host) return CUDA_SUCCESS;
+  if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
+  evict_blocks({b});
+  s_.resident_bytes = resident();
+  return b->on_host ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult Allocator::restore(const void* ptr, CUstream stream) {
+  std::lock_guard lk(mu_);
+  Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
+  if (!b) return CUDA_ERROR_INVALID_VALUE;
+  if (!b->on_host) return CUDA_SUCCESS;
+  if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = restore_block(b, stream);
+  s_.resident_bytes = resident();
+  s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+  return r;
+}
+
+CUresult Allocator::restore_block(Block* b, CUstream stream) {
+  b->last_use = ++tick_;  // the block being restored is the newest: never its own victim
+  if (!make_room(b->cap)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = dev_.take(b->cap, &h);
+  if (r != CUDA_SUCCESS) return r;
+  uintptr_t scratch = arena_.take(b->cap);
+  if (!scratch || (r = map_rw(d_, scratch, b->cap, h, o_.device)) != CUDA_SUCCESS) {
+    if (scratch) arena_.give(scratch, b->cap);
+    dev_.give(h, b->cap);
+    return scratch ? r : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  // The host copy may have been written through its mapping by work queued
+  // on the block's stream or the consumer's: copy after both.
+  if ((r = order_after(h2d_.get(), b->stream)) == CUDA_SUCCESS &&
+      (r = order_after(h2d_.get(), stream)) == CUDA_SUCCESS &&
+      (r = d_.cuMemcpyDtoDAsync(scratch, b->ptr, b->size, h2d_.get())) == CUDA_SUCCESS)
+    r = drain(h2d_.get());
+  bool ok = r == CUDA_SUCCESS && d_.cuMemUnmap(scratch, b->cap) == CUDA_SUCCESS;
+  bool unmapped = ok && d_.cuMemUnmap(b->ptr, b->cap) == CUDA_SUCCESS;
+  if (unmapped && (r = map_rw(d_, b->ptr, b->cap, h, o_.device)) == CUDA_SUCCESS) {
+    arena_.give(scratch, b->cap);
+    host_.give(b->host, b->cap);
+    b->host = 0;
+    b->dev = h;
+    b->on_host = false;
+    ++s_.blocks_restored;
+    s_.bytes_restored += b->size;
+    return CUDA_SUCCESS;
+  }
+  // Roll back: the host copy stays mapped at the block's address.
+  if (unmapped) map_rw(d_, b->ptr, b->cap, b->host, o_.device);
+  if (!ok) d_.cuMemUnmap(scratch, b->cap);
+  arena_.give(scratch, b->cap);
+  dev_.give(h, b->cap);
+  log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
+  return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
+}
+
+Stats Allocator::stats() {
+  std::lock_guard lk(mu_);
+  s_.resident_bytes = resident();
+  s_.small_pool_bytes = small_bytes_;
+  s_.host_bytes = host_.held();
+  s_.device_creates = dev_.creates();
+  s_.host_creates = host_.creates();
+  return s_;
+}
+
+void Allocator::log_resident_set(const char* why) {
+  std::vector<Block*> res;
+  size_t evicted = 0;
+  for (auto& [p, b] : live_) {
+    if (b->large && !b->on_host) res.push_back(b);
+    if (b->on_host) evicted += b->cap;
+  }
+  std::sort(res.begin(), res.end(), [](Block* a, Block* b) { return a->cap > b->cap; });
+  log::error(
+      "{}: resident {} bytes of budget {}, {} live blocks ({} bytes live, {} evicted to "
+      "host), host {} of {} bytes, small pool {} bytes",
+      why, resident(), o_.gpu_budget, live_.size(), s_.live_bytes, evicted, host_.held(),
+      o_.host_budget, small_bytes_);
+  for (size_t i = 0; i < res.size() && i < 10; ++i)
+    log::error("  resident block {:#x}: {} bytes, stream {}", res[i]->ptr, res[i]->cap,
+               static_cast<void*>(res[i]->stream));
+}
+
+}  // namespace spillway

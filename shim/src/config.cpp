@@ -1,0 +1,204 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace spillway {
+namespace {
+
+constexpr const char* kSizeForms =
+    "a size such as 40GiB, 512MiB, 1.5GB or 1073741824 (bytes), or a percentage such as 85%";
+
+struct Variable {
+  const char* name;
+  // Returns an empty string on success, else the accepted forms.
+  std::string (*apply)(const std::string& value, Config* c);
+};
+
+std::string set_mode(const std::string& v, Config* c) {
+  if (v == "host")
+    c->mode = Mode::kHost;
+  else if (v == "off")
+    c->mode = Mode::kOff;
+  else if (v == "managed")
+    return "host or off (managed mode is not implemented yet: it needs unified-memory support "
+           "in the simulator and the shim, tracked as its own issue)";
+  else
+    return "host, managed or off";
+  return {};
+}
+
+std::string set_gpu_budget(const std::string& v, Config* c) {
+  auto s = parse_size_or_percent(v);
+  if (!s || (s->fraction == 0 && s->bytes == 0)) return kSizeForms;
+  c->gpu_budget = *s;
+  return {};
+}
+
+std::string set_host_budget(const std::string& v, Config* c) {
+  auto s = parse_size_or_percent(v);
+  if (!s) return kSizeForms;
+  c->host_budget = *s;
+  return {};
+}
+
+std::string set_min_block(const std::string& v, Config* c) {
+  auto b = parse_bytes(v);
+  // Below 4 KiB every block would need its own mapping; above 1 GiB nothing
+  // would ever be evicted: both are mistakes rather than policies.
+  if (!b || *b < 4096 || *b > (1ull << 30)) return "a size from 4KiB to 1GiB, e.g. 1MiB";
+  c->min_block = *b;
+  return {};
+}
+
+std::string set_log_level(const std::string& v, Config* c) {
+  static constexpr std::pair<const char*, LogLevel> kLevels[] = {
+      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+      {"warn", LogLevel::kWarn},   {"error", LogLevel::kError}, {"off", LogLevel::kOff}};
+  for (const auto& [name, level] : kLevels) {
+    if (v == name) {
+      c->log_level = level;
+      return {};
+    }
+  }
+  return "trace, debug, info, warn, error or off";
+}
+
+std::string set_log_file(const std::string& v, Config* c) {
+  if (v.empty()) return "a file path";
+  c->log_file = v;
+  return {};
+}
+
+std::string set_stats_file(const std::string& v, Config* c) {
+  if (v.empty()) return "a file path";
+  c->stats_file = v;
+  return {};
+}
+
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> kVars = {
+      {"SPILLWAY_MODE", set_mode},
+      {"SPILLWAY_GPU_BUDGET", set_gpu_budget},
+      {"SPILLWAY_HOST_BUDGET", set_host_budget},
+      {"SPILLWAY_MIN_BLOCK", set_min_block},
+      {"SPILLWAY_LOG_LEVEL", set_log_level},
+      {"SPILLWAY_LOG_FILE", set_log_file},
+      {"SPILLWAY_STATS", set_stats_file},
+  };
+  return kVars;
+}
+
+}  // namespace
+
+uint64_t default_gpu_budget(uint64_t total) {
+  uint64_t headroom = std::max<uint64_t>(1ull << 30, total / 20);
+  return total > headroom ? total - headroom : total / 2;
+}
+
+uint64_t default_host_budget(uint64_t host_total) {
+  return host_total / 2;
+}
+
+std::optional<uint64_t> parse_bytes(const std::string& text) {
+  if (text.empty() || text[0] == '-' || text[0] == '+' || std::isspace(text[0]))
+    return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || !std::isfinite(v) || v < 0) return std::nullopt;
+  std::string unit(end);
+  static constexpr std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                              {"B", 1},
+                                                              {"KiB", 1024.0},
+                                                              {"MiB", 1048576.0},
+                                                              {"GiB", 1073741824.0},
+                                                              {"TiB", 1099511627776.0},
+                                                              {"KB", 1e3},
+                                                              {"MB", 1e6},
+                                                              {"GB", 1e9},
+                                                              {"TB", 1e12}};
+  for (const auto& [name, mult] : kUnits) {
+    if (unit == name) {
+      double bytes = std::floor(v * mult);
+      if (bytes >= 1.8e19) return std::nullopt;
+      if (unit.empty() || unit == "B") {
+        if (v != std::floor(v)) return std::nullopt;  // fractional bytes
+      }
+      return static_cast<uint64_t>(bytes);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<SizeSpec> parse_size_or_percent(const std::string& text) {
+  SizeSpec s;
+  s.set = true;
+  if (!text.empty() && text.back() == '%') {
+    std::string num = text.substr(0, text.size() - 1);
+    char* end = nullptr;
+    errno = 0;
+    double pct = std::strtod(num.c_str(), &end);
+    if (num.empty() || errno != 0 || *end != '\0' || !(pct > 0) || pct > 100) return std::nullopt;
+    s.fraction = pct / 100.0;
+    return s;
+  }
+  auto b = parse_bytes(text);
+  if (!b) return std::nullopt;
+  s.bytes = *b;
+  return s;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::optional<Config> parse_config(char** env, std::string* error) {
+  Config c;
+  for (char** e = env; e && *e; ++e) {
+    if (std::strncmp(*e, "SPILLWAY_", 9) != 0) continue;
+    const char* eq = std::strchr(*e, '=');
+    std::string name(*e, eq ? static_cast<size_t>(eq - *e) : std::strlen(*e));
+    std::string value = eq ? eq + 1 : "";
+    const Variable* var = nullptr;
+    for (const Variable& v : variables())
+      if (name == v.name) var = &v;
+    if (!var) {
+      std::string best;
+      size_t best_d = 4;  // suggest only close names
+      for (const Variable& v : variables()) {
+        size_t d = edit_distance(name, v.name);
+        if (d < best_d) {
+          best_d = d;
+          best = v.name;
+        }
+      }
+      *error = "spillway: unknown variable " + name + "='" + value + "'" +
+               (best.empty() ? std::string() : "; did you mean " + best + "?") +
+               " (docs/config.md lists every SPILLWAY_ variable)";
+      return std::nullopt;
+    }
+    std::string accepted = var->apply(value, &c);
+    if (!accepted.empty()) {
+      *error = "spillway: " + name + "='" + value + "' is not valid; accepted: " + accepted;
+      return std::nullopt;
+    }
+  }
+  return c;
+}
+
+}  // namespace spillway

@@ -1,0 +1,51 @@
+// Every SPILLWAY_* environment variable, parsed and validated in one place.
+// Read once, when the allocator is first used. A bad value or an unknown
+// SPILLWAY_ name is refused with a message that names the variable, the value
+// and the accepted forms (and the likely intended name for a misspelling).
+// docs/config.md lists every variable.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace spillway {
+
+enum class Mode { kHost, kManaged, kOff };
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+
+// A size given as bytes or as a fraction of a total known only later
+// (device or host memory).
+struct SizeSpec {
+  uint64_t bytes = 0;
+  double fraction = 0;  // > 0: a percentage was given
+  bool set = false;
+  uint64_t resolve(uint64_t total) const {
+    return fraction > 0 ? static_cast<uint64_t>(static_cast<double>(total) * fraction) : bytes;
+  }
+};
+
+struct Config {
+  Mode mode = Mode::kHost;
+  SizeSpec gpu_budget;   // unset: device memory less the default headroom
+  SizeSpec host_budget;  // unset: half of physical host memory
+  uint64_t min_block = 1ull << 20;
+  LogLevel log_level = LogLevel::kInfo;
+  std::string log_file;  // empty: stderr
+  std::string stats_file;
+};
+
+// Default headroom left to the CUDA context, libraries and other processes
+// when SPILLWAY_GPU_BUDGET is unset: the larger of 1 GiB and 5% of the device.
+uint64_t default_gpu_budget(uint64_t device_total);
+uint64_t default_host_budget(uint64_t host_total);
+
+// Parses `environ`. On error returns nullopt and a one-line message.
+std::optional<Config> parse_config(char** env, std::string* error);
+
+// Exposed for tests.
+std::optional<uint64_t> parse_bytes(const std::string& text);
+std::optional<SizeSpec> parse_size_or_percent(const std::string& text);
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace spillway

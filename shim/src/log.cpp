@@ -1,0 +1,61 @@
+#include "log.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <memory>
+
+namespace spillway::log {
+namespace {
+
+std::shared_ptr<spdlog::logger>& logger() {
+  // Not registered in spdlog's global registry: the host process may use
+  // spdlog too, and names must not collide.
+  static auto l = std::make_shared<spdlog::logger>(
+      "spillway", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  return l;
+}
+
+spdlog::level::level_enum to_spdlog(LogLevel l) {
+  switch (l) {
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
+}  // namespace
+
+bool init(const Config& cfg, std::string* why) {
+  auto& l = logger();
+  bool ok = true;
+  if (!cfg.log_file.empty()) {
+    try {
+      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg.log_file, false);
+      l = std::make_shared<spdlog::logger>("spillway", sink);
+    } catch (const spdlog::spdlog_ex& e) {
+      ok = false;
+      if (why) *why = e.what();
+    }
+  }
+  l->set_pattern("[spillway %L] %v");
+  l->set_level(to_spdlog(cfg.log_level));
+  l->flush_on(spdlog::level::warn);
+  return ok;
+}
+
+spdlog::logger& get() {
+  return *logger();
+}
+
+}  // namespace spillway::log

@@ -1,0 +1,159 @@
+#include "runtime.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "log.h"
+
+extern char** environ;
+
+namespace spillway {
+namespace {
+
+std::atomic<Runtime*> g_runtime{nullptr};
+
+uint64_t host_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+}  // namespace
+
+Runtime& Runtime::get() {
+  static Runtime* rt = [] {
+    auto* r = new Runtime;
+    r->start();
+    g_runtime.store(r, std::memory_order_release);
+    return r;
+  }();
+  return *rt;
+}
+
+Runtime* Runtime::peek() {
+  return g_runtime.load(std::memory_order_acquire);
+}
+
+void Runtime::start() {
+  std::string error;
+  auto cfg = parse_config(environ, &error);
+  if (!cfg) {
+    // Contract 4: bad configuration is refused at start, naming the variable.
+    std::fprintf(stderr, "%s\n", error.c_str());
+    std::fflush(stderr);
+    std::_Exit(2);
+  }
+  cfg_ = *cfg;
+  std::string why;
+  if (!log::init(cfg_, &why))
+    log::warn("cannot open SPILLWAY_LOG_FILE '{}' ({}); logging to stderr", cfg_.log_file, why);
+  driver_ = cu::load(&why);
+  if (!driver_) {
+    log::error("no usable CUDA driver ({}): every allocation will fail", why);
+  } else if (CUresult r = driver_->cuInit(0); r != CUDA_SUCCESS) {
+    log::error("cuInit failed: {}", cu::describe(*driver_, r));
+    driver_ = nullptr;
+  }
+  std::atexit([] {
+    if (Runtime* rt = peek()) rt->report_at_exit();
+  });
+}
+
+Allocator* Runtime::allocator(int device) {
+  if (device < 0 || device > 1023) return nullptr;
+  std::lock_guard lk(mu_);
+  const size_t i = static_cast<size_t>(device);
+  if (i < allocators_.size() && allocators_[i]) return allocators_[i].get();
+  if (i < failed_.size() && failed_[i]) return nullptr;
+  if (allocators_.size() <= i) {
+    allocators_.resize(i + 1);
+    failed_.resize(i + 1, false);
+  }
+  if (!driver_) {
+    failed_[i] = true;
+    return nullptr;
+  }
+  CUdevice dev = 0;
+  size_t total = 0;
+  if (driver_->cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
+      driver_->cuDeviceTotalMem(&total, dev) != CUDA_SUCCESS) {
+    log::error("device {} is not available", device);
+    failed_[i] = true;
+    return nullptr;
+  }
+  AllocatorOptions o;
+  o.device = device;
+  o.min_block = cfg_.min_block;
+  o.evict = cfg_.mode == Mode::kHost;
+  o.gpu_budget = cfg_.mode == Mode::kOff ? 0
+                 : cfg_.gpu_budget.set   ? cfg_.gpu_budget.resolve(total)
+                                         : default_gpu_budget(total);
+  const uint64_t host_total = host_memory_bytes();
+  o.host_budget =
+      cfg_.host_budget.set ? cfg_.host_budget.resolve(host_total) : default_host_budget(host_total);
+  std::string why;
+  allocators_[i] = Allocator::create(*driver_, o, &why);
+  if (!allocators_[i]) {
+    log::error("cannot start the allocator for device {}: {}", device, why);
+    failed_[i] = true;
+    return nullptr;
+  }
+  log::debug("device {}: budget {} bytes of {}, host budget {} bytes", device, o.gpu_budget, total,
+             o.host_budget);
+  return allocators_[i].get();
+}
+
+Stats Runtime::stats() {
+  Stats sum;
+  std::lock_guard lk(mu_);
+  for (auto& a : allocators_) {
+    if (!a) continue;
+    Stats s = a->stats();
+    // Devices are summed; a multi-device job reads per-device figures from
+    // the per-rank files (one process per GPU is the norm).
+    sum.budget_bytes += s.budget_bytes;
+    sum.host_budget_bytes = s.host_budget_bytes;
+    sum.resident_bytes += s.resident_bytes;
+    sum.peak_resident_bytes += s.peak_resident_bytes;
+    sum.live_bytes += s.live_bytes;
+    sum.peak_live_bytes += s.peak_live_bytes;
+    sum.reserved_bytes += s.reserved_bytes;
+    sum.small_pool_bytes += s.small_pool_bytes;
+    sum.host_bytes += s.host_bytes;
+    sum.peak_host_bytes += s.peak_host_bytes;
+    sum.mallocs += s.mallocs;
+    sum.frees += s.frees;
+    sum.cache_hits += s.cache_hits;
+    sum.bad_frees += s.bad_frees;
+    sum.ooms += s.ooms;
+    sum.blocks_evicted += s.blocks_evicted;
+    sum.blocks_restored += s.blocks_restored;
+    sum.bytes_evicted += s.bytes_evicted;
+    sum.bytes_restored += s.bytes_restored;
+    sum.evictions_failed += s.evictions_failed;
+    sum.device_creates += s.device_creates;
+    sum.host_creates += s.host_creates;
+    sum.cached_releases += s.cached_releases;
+  }
+  return sum;
+}
+
+void Runtime::report_at_exit() {
+  Stats s = stats();
+  log::info("{}", summary_line(s));
+  if (!cfg_.stats_file.empty()) {
+    std::FILE* f = std::fopen(cfg_.stats_file.c_str(), "w");
+    if (!f) {
+      log::error("cannot write SPILLWAY_STATS file '{}'", cfg_.stats_file);
+      return;
+    }
+    std::string json = to_json(s, steps());
+    std::fputs(json.c_str(), f);
+    std::fputc('\n', f);
+    std::fclose(f);
+  }
+  log::get().flush();
+}
+
+}  // namespace spillway

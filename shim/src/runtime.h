@@ -1,0 +1,45 @@
+// The process-wide state of the shim, started on the first call through the
+// C ABI: configuration, logging, the driver, and one allocator per device.
+// Never destroyed: PyTorch may free memory during interpreter shutdown, after
+// static destructors would have run.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "allocator.h"
+#include "config.h"
+#include "driver.h"
+
+namespace spillway {
+
+class Runtime {
+ public:
+  // The runtime, started on first use. A bad configuration ends the process
+  // with a message; a missing driver leaves a runtime that allocates nothing.
+  static Runtime& get();
+  // Null until something started it (stats must not start CUDA).
+  static Runtime* peek();
+
+  Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
+  Stats stats();
+  void mark_step() { steps_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+  const Config& config() const { return cfg_; }
+
+ private:
+  Runtime() = default;
+  void start();
+  void report_at_exit();
+
+  Config cfg_;
+  const cu::Driver* driver_ = nullptr;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Allocator>> allocators_;
+  std::vector<bool> failed_;
+  std::atomic<uint64_t> steps_{0};
+};
+
+}  // namespace spillway

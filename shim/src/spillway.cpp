@@ -1,0 +1,37 @@
+// The exported C ABI (shim/include/spillway.h). Everything else in the shim
+// has hidden visibility.
+#include <spillway.h>
+
+#include <cstring>
+
+#include "runtime.h"
+
+using spillway::Runtime;
+
+#define SPILLWAY_EXPORT extern "C" __attribute__((visibility("default")))
+
+SPILLWAY_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
+  spillway::Allocator* a = Runtime::get().allocator(device);
+  return a ? a->malloc(size, stream) : nullptr;
+}
+
+SPILLWAY_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* stream) {
+  if (!ptr) return;
+  spillway::Allocator* a = Runtime::get().allocator(device);
+  if (a) a->free(ptr, size, stream);
+}
+
+SPILLWAY_EXPORT void spillway_mark_step(void) {
+  Runtime::get().mark_step();
+}
+
+SPILLWAY_EXPORT size_t spillway_stats_json(char* buf, size_t len) {
+  Runtime* rt = Runtime::peek();
+  std::string json = rt ? spillway::to_json(rt->stats(), rt->steps()) : spillway::to_json({}, 0);
+  if (buf && len > 0) {
+    size_t n = std::min(len - 1, json.size());
+    std::memcpy(buf, json.data(), n);
+    buf[n] = '\0';
+  }
+  return json.size();
+}

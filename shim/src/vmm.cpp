@@ -1,0 +1,120 @@
+#include "vmm.h"
+
+namespace spillway {
+
+VaArena::~VaArena() {
+  if (size_) d_.cuMemAddressFree(base_, size_);
+}
+
+CUresult VaArena::reserve(size_t bytes) {
+  bytes = (bytes + granule_ - 1) / granule_ * granule_;
+  CUdeviceptr p = 0;
+  CUresult r = d_.cuMemAddressReserve(&p, bytes, granule_, 0, 0);
+  if (r != CUDA_SUCCESS) return r;
+  base_ = p;
+  size_ = bytes;
+  free_.give(base_, size_);
+  return CUDA_SUCCESS;
+}
+
+void FreeRanges::insert(uintptr_t p, size_t n) {
+  by_addr_[p] = n;
+  by_size_.emplace(n, p);
+}
+
+void FreeRanges::erase(std::map<uintptr_t, size_t>::iterator it) {
+  auto [lo, hi] = by_size_.equal_range(it->second);
+  for (auto s = lo; s != hi; ++s) {
+    if (s->second == it->first) {
+      by_size_.erase(s);
+      break;
+    }
+  }
+  by_addr_.erase(it);
+}
+
+uintptr_t FreeRanges::take(size_t size) {
+  auto s = by_size_.lower_bound(size);
+  if (s == by_size_.end()) return 0;
+  uintptr_t p = s->second;
+  size_t n = s->first;
+  erase(by_addr_.find(p));
+  if (n > size) insert(p + size, n - size);
+  free_bytes_ -= size;
+  return p;
+}
+
+void FreeRanges::give(uintptr_t p, size_t n) {
+  free_bytes_ += n;
+  auto next = by_addr_.find(p + n);
+  if (next != by_addr_.end()) {
+    n += next->second;
+    erase(next);
+  }
+  auto it = by_addr_.lower_bound(p);
+  if (it != by_addr_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == p) {
+      p = prev->first;
+      n += prev->second;
+      erase(prev);
+    }
+  }
+  insert(p, n);
+}
+
+PhysPool::~PhysPool() {
+  trim(SIZE_MAX);
+}
+
+CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out) {
+  auto it = free_.find(size);
+  if (it != free_.end() && !it->second.empty()) {
+    *out = it->second.back();
+    it->second.pop_back();
+    pooled_ -= size;
+    return CUDA_SUCCESS;
+  }
+  CUresult r = d_.cuMemCreate(out, size, &prop_, 0);
+  if (r != CUDA_SUCCESS) return r;
+  held_ += size;
+  ++creates_;
+  return CUDA_SUCCESS;
+}
+
+void PhysPool::give(CUmemGenericAllocationHandle h, size_t size) {
+  free_[size].push_back(h);
+  pooled_ += size;
+}
+
+size_t PhysPool::trim(size_t want, size_t keep) {
+  size_t freed = 0;
+  for (auto it = free_.begin(); it != free_.end() && freed < want;) {
+    auto& v = it->second;
+    const size_t floor = it->first == keep ? 1 : 0;
+    while (v.size() > floor && freed < want) {
+      d_.cuMemRelease(v.back());
+      v.pop_back();
+      freed += it->first;
+    }
+    it = v.empty() ? free_.erase(it) : std::next(it);
+  }
+  held_ -= freed;
+  pooled_ -= freed;
+  return freed;
+}
+
+CUresult map_rw(const cu::Driver& d, uintptr_t va, size_t size, CUmemGenericAllocationHandle h,
+                int device) {
+  CUresult r = d.cuMemMap(va, size, 0, h, 0);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc acc{};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = device;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.cuMemSetAccess(va, size, &acc, 1);
+  if (r != CUDA_SUCCESS) d.cuMemUnmap(va, size);
+  return r;
+}
+
+}  // namespace spillway

@@ -1,0 +1,97 @@
+// Virtual-memory mechanics on top of the driver table: one large VA
+// reservation that every block's range is carved from (so "is this a
+// spillway address?" is one range check), and pools of physical memory by
+// exact size, device- or host-located. RAII: everything is returned to the
+// driver in the destructors.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "driver.h"
+
+namespace spillway {
+
+// The free parts of an address interval: best-fit take, coalescing give.
+// Serves both the VA arena (granule units) and small-block chunks.
+class FreeRanges {
+ public:
+  void give(uintptr_t p, size_t n);
+  uintptr_t take(size_t n);  // 0 if no range is large enough
+  size_t free_bytes() const { return free_bytes_; }
+
+ private:
+  std::map<uintptr_t, size_t> by_addr_;
+  std::multimap<size_t, uintptr_t> by_size_;
+  size_t free_bytes_ = 0;
+  void insert(uintptr_t p, size_t n);
+  void erase(std::map<uintptr_t, size_t>::iterator it);
+};
+
+class VaArena {
+ public:
+  VaArena(const cu::Driver& d, size_t granule) : d_(d), granule_(granule) {}
+  ~VaArena();
+  VaArena(const VaArena&) = delete;
+  VaArena& operator=(const VaArena&) = delete;
+
+  CUresult reserve(size_t bytes);
+  // A granule-aligned range of `size` bytes (a granule multiple), or 0.
+  uintptr_t take(size_t size) { return free_.take(size); }
+  void give(uintptr_t ptr, size_t size) { free_.give(ptr, size); }
+  bool contains(uintptr_t p) const { return p - base_ < size_; }
+  uintptr_t base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  const cu::Driver& d_;
+  size_t granule_;
+  uintptr_t base_ = 0;
+  size_t size_ = 0;
+  FreeRanges free_;
+};
+
+// Physical memory of one kind (device- or host-located), pooled by exact size
+// so that a repeated training step creates nothing new.
+class PhysPool {
+ public:
+  PhysPool(const cu::Driver& d, const CUmemAllocationProp& prop) : d_(d), prop_(prop) {}
+  ~PhysPool();
+  PhysPool(const PhysPool&) = delete;
+  PhysPool& operator=(const PhysPool&) = delete;
+
+  // A handle of exactly `size` bytes, pooled or new (cuMemCreate's error
+  // passes through, e.g. CUDA_ERROR_OUT_OF_MEMORY).
+  CUresult take(size_t size, CUmemGenericAllocationHandle* out);
+  void give(CUmemGenericAllocationHandle h, size_t size);
+  // Releases pooled handles until at least `want` bytes are freed (or the
+  // pool is empty), keeping one handle of `keep` bytes if there is one: the
+  // size about to be taken. Returns the bytes released.
+  size_t trim(size_t want, size_t keep = 0);
+  bool has(size_t size) const {
+    auto it = free_.find(size);
+    return it != free_.end() && !it->second.empty();
+  }
+  size_t held() const { return held_; }  // bytes in use + pooled
+  size_t pooled() const { return pooled_; }
+  uint64_t creates() const { return creates_; }
+
+ private:
+  const cu::Driver& d_;
+  CUmemAllocationProp prop_;
+  std::unordered_map<size_t, std::vector<CUmemGenericAllocationHandle>> free_;
+  size_t held_ = 0, pooled_ = 0;
+  uint64_t creates_ = 0;
+};
+
+// cuMemMap + cuMemSetAccess (read/write for `device`); undoes the map if
+// access cannot be granted.
+CUresult map_rw(const cu::Driver& d, uintptr_t va, size_t size, CUmemGenericAllocationHandle h,
+                int device);
+
+}  // namespace spillway

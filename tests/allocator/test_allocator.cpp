@@ -1,0 +1,411 @@
+// The allocator on the simulated GPU: data integrity through eviction and
+// restore, the budget, out-of-memory, injected driver failures and warm reuse.
+// Every block carries a pattern derived from its identity; simulated kernels
+// write and check it on the block's stream, so a lost or stale byte is counted.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "allocator.h"
+#include "driver.h"
+#include "sim_test_util.h"
+
+using spillway::Allocator;
+using spillway::AllocatorOptions;
+using namespace simtest;
+
+namespace {
+
+constexpr size_t MiB = 1ull << 20;
+
+uint64_t pattern(uint64_t seed, size_t word) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + word;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return x ^ (x >> 29);
+}
+
+struct Kernels {
+  std::atomic<uint64_t> mismatches{0};
+  CUfunction fill = nullptr, check = nullptr, chase = nullptr;
+};
+
+// params: uint64_t* ptr, size_t bytes, uint64_t seed
+struct Args {
+  uint64_t* p;
+  size_t bytes;
+  uint64_t seed;
+};
+
+void fill_fn(const void* params, size_t, const simcuda_launch_info*, void*) {
+  Args a;
+  std::memcpy(&a, params, sizeof a);
+  for (size_t i = 0; i < a.bytes / 8; ++i) a.p[i] = pattern(a.seed, i);
+}
+
+void check_fn(const void* params, size_t, const simcuda_launch_info*, void* user) {
+  Args a;
+  std::memcpy(&a, params, sizeof a);
+  uint64_t bad = 0;
+  for (size_t i = 0; i < a.bytes / 8; ++i) bad += a.p[i] != pattern(a.seed, i);
+  static_cast<Kernels*>(user)->mismatches += bad;
+}
+
+// Reads a pointer stored in device memory and checks the block it points to:
+// an access spillway cannot see in the kernel's parameters.
+void chase_fn(const void* params, size_t, const simcuda_launch_info*, void* user) {
+  Args a;
+  std::memcpy(&a, params, sizeof a);
+  auto* target = reinterpret_cast<uint64_t*>(a.p[0]);
+  uint64_t bad = 0;
+  for (size_t i = 0; i < a.bytes / 8; ++i) bad += target[i] != pattern(a.seed, i);
+  static_cast<Kernels*>(user)->mismatches += bad;
+}
+
+CUfunction reg(const char* name, simcuda_kernel_fn fn, Kernels* k) {
+  static const size_t sizes[] = {8, 8, 8};
+  simcuda_kernel_desc d{};
+  d.name = name;
+  d.fn = fn;
+  d.user = k;
+  d.param_sizes = sizes;
+  d.num_params = 3;
+  d.duration_ns = 2000;
+  CUfunction f = nullptr;
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_register_function(&d, &f));
+  return f;
+}
+
+class AllocatorTest : public ::testing::Test {
+ protected:
+  // SIMCUDA_* settings for this test, read by cuInit in SetUp (each test runs
+  // in its own process under ctest).
+  virtual void configure() {}
+  void SetUp() override {
+    configure();
+    init_primary();
+    std::string why;
+    driver_ = spillway::cu::load(&why);
+    ASSERT_NE(nullptr, driver_) << why;
+    k_.fill = reg("fill", fill_fn, &k_);
+    k_.check = reg("check", check_fn, &k_);
+    k_.chase = reg("chase", chase_fn, &k_);
+  }
+
+  std::unique_ptr<Allocator> make(uint64_t budget, uint64_t host_budget = 1ull << 30,
+                                  uint64_t min_block = MiB) {
+    AllocatorOptions o;
+    o.gpu_budget = budget;
+    o.host_budget = host_budget;
+    o.min_block = min_block;
+    std::string why;
+    auto a = Allocator::create(*driver_, o, &why);
+    EXPECT_NE(nullptr, a) << why;
+    return a;
+  }
+
+  void launch3(CUfunction f, void* p, size_t bytes, uint64_t seed, CUstream s) {
+    Args a{static_cast<uint64_t*>(p), bytes, seed};
+    void* params[] = {&a.p, &a.bytes, &a.seed};
+    ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  }
+  void fill(void* p, size_t bytes, uint64_t seed, CUstream s) {
+    launch3(k_.fill, p, bytes, seed, s);
+  }
+  void check(void* p, size_t bytes, uint64_t seed, CUstream s) {
+    launch3(k_.check, p, bytes, seed, s);
+  }
+  uint64_t mismatches() {
+    EXPECT_CU(cuCtxSynchronize());
+    return k_.mismatches.load();
+  }
+
+  const spillway::cu::Driver* driver_ = nullptr;
+  Kernels k_;
+};
+
+struct Live {
+  void* p;
+  size_t size;
+  uint64_t seed;
+  CUstream s;
+};
+
+}  // namespace
+
+TEST_F(AllocatorTest, SmallAndLargeBlocksHoldTheirBytes) {
+  auto a = make(0);
+  void* small = a->malloc(4096, nullptr);
+  void* large = a->malloc(5 * MiB, nullptr);
+  ASSERT_NE(nullptr, small);
+  ASSERT_NE(nullptr, large);
+  fill(small, 4096, 1, nullptr);
+  fill(large, 5 * MiB, 2, nullptr);
+  check(small, 4096, 1, nullptr);
+  check(large, 5 * MiB, 2, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(small, 4096, nullptr);
+  a->free(large, 5 * MiB, nullptr);
+  EXPECT_EQ(2u, a->stats().frees);
+}
+
+TEST_F(AllocatorTest, EvictAndRestoreKeepTheBytesAtTheSameAddress) {
+  auto a = make(0);
+  void* p = a->malloc(6 * MiB, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, 6 * MiB, 7, nullptr);
+  ASSERT_CU(a->evict(p));
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  EXPECT_GE(ms.bytes_d2h, 6 * MiB);
+  // Evicted: a kernel still reads the right bytes, over the link.
+  check(p, 6 * MiB, 7, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  ASSERT_CU(a->restore(p, nullptr));
+  check(p, 6 * MiB, 7, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_EQ(1u, st.blocks_evicted);
+  EXPECT_EQ(1u, st.blocks_restored);
+  EXPECT_EQ(6 * MiB, st.bytes_evicted);
+  a->free(p, 6 * MiB, nullptr);
+}
+
+TEST_F(AllocatorTest, KernelReadsEvictedBlockThroughAPointerStoredInDeviceMemory) {
+  auto a = make(0);
+  void* target = a->malloc(4 * MiB, nullptr);
+  void* holder = a->malloc(64, nullptr);
+  fill(target, 4 * MiB, 11, nullptr);
+  ASSERT_CU(cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(holder), &target, sizeof target));
+  ASSERT_CU(a->evict(target));
+  // The kernel's parameters name only `holder`.
+  launch3(k_.chase, holder, 4 * MiB, 11, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  char err[256];
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, err, sizeof err)) << err;
+}
+
+class JitteredAllocatorTest : public AllocatorTest {
+  void configure() override { setenv("SIMCUDA_JITTER", "4242", 1); }
+};
+
+TEST_F(JitteredAllocatorTest, RandomOperationsOnSeveralStreamsLoseNoByte) {
+  auto a = make(24 * MiB);
+  std::vector<CUstream> streams(3);
+  for (auto& s : streams) ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::mt19937_64 rng(99);
+  std::vector<Live> live;
+  uint64_t seed = 1000;
+  const size_t sizes[] = {512, 3000, 64 << 10, 700 << 10, MiB, 2 * MiB, 3 * MiB + 100, 5 * MiB};
+  // The live set hovers around 4x the budget; small blocks stay well under
+  // it (they are never evicted, so past the budget restores could not fit).
+  size_t live_bytes = 0, small_bytes = 0;
+  for (int op = 0; op < 3000; ++op) {
+    int kind = static_cast<int>(rng() % 10);
+    if (live_bytes > 96 * MiB) kind = 9;
+    if (kind < 4 || live.empty()) {
+      size_t size = sizes[rng() % std::size(sizes)];
+      if (size < MiB && small_bytes + size > 6 * MiB) size = 2 * MiB;
+      CUstream s = streams[rng() % streams.size()];
+      void* p = a->malloc(size, s);
+      if (!p) continue;  // over budget with nothing evictable: allowed, checked below
+      live.push_back({p, size, ++seed, s});
+      live_bytes += size;
+      small_bytes += size < MiB ? size : 0;
+      fill(p, size, seed, s);
+    } else if (kind < 6) {
+      Live& l = live[rng() % live.size()];
+      CUresult r = a->evict(l.p);
+      EXPECT_TRUE(r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE) << r;  // small: not evictable
+    } else if (kind < 8) {
+      Live& l = live[rng() % live.size()];
+      ASSERT_CU(a->restore(l.p, l.s));
+      check(l.p, l.size, l.seed, l.s);
+    } else {
+      size_t i = rng() % live.size();
+      check(live[i].p, live[i].size, live[i].seed, live[i].s);
+      a->free(live[i].p, live[i].size, live[i].s);
+      live_bytes -= live[i].size;
+      small_bytes -= live[i].size < MiB ? live[i].size : 0;
+      live[i] = live.back();
+      live.pop_back();
+    }
+  }
+  for (const Live& l : live) check(l.p, l.size, l.seed, l.s);
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_GT(st.blocks_evicted, 100u);
+  EXPECT_GT(st.blocks_restored, 100u);
+  EXPECT_LE(st.peak_resident_bytes, 24 * MiB);
+  for (const Live& l : live) a->free(l.p, l.size, l.s);
+  for (auto s : streams) cuStreamDestroy_v2(s);
+}
+
+TEST_F(AllocatorTest, LiveSetThreeTimesTheBudgetStaysWithinIt) {
+  const uint64_t budget = 16 * MiB;
+  auto a = make(budget);
+  std::vector<Live> live;
+  for (int i = 0; i < 12; ++i) {  // 48 MiB live
+    void* p = a->malloc(4 * MiB, nullptr);
+    ASSERT_NE(nullptr, p) << i;
+    live.push_back({p, 4 * MiB, 500u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, 500u + static_cast<uint64_t>(i), nullptr);
+  }
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);  // evicted ones read remotely
+  EXPECT_EQ(0u, mismatches());
+  for (const Live& l : live) {  // bring each back in turn
+    ASSERT_CU(a->restore(l.p, nullptr));
+    check(l.p, l.size, l.seed, nullptr);
+  }
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_LE(st.peak_resident_bytes, budget);
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  EXPECT_LE(ms.device_peak, budget) << "the driver saw more device memory than the budget";
+  EXPECT_GE(st.blocks_evicted, 8u);
+  for (const Live& l : live) a->free(l.p, l.size, nullptr);
+}
+
+class SmallDeviceAllocatorTest : public AllocatorTest {
+  void configure() override { setenv("SIMCUDA_DEVICE_MEMORY", "64MiB", 1); }
+};
+
+TEST_F(SmallDeviceAllocatorTest, DeviceFilledByAnotherProcessStillAllocatesByEvicting) {
+  auto a = make(0);  // no budget: only the device's real capacity limits
+  std::vector<Live> live;
+  for (int i = 0; i < 6; ++i) {
+    void* p = a->malloc(8 * MiB, nullptr);
+    ASSERT_NE(nullptr, p);
+    live.push_back({p, 8 * MiB, 900u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 8 * MiB, live.back().seed, nullptr);
+  }
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  // Someone else takes all but 8 MiB of what is left.
+  ASSERT_CU(simcuda_set_external_usage(0, 64 * MiB - ms.device_used - 8 * MiB));
+  for (int i = 0; i < 4; ++i) {
+    void* p = a->malloc(8 * MiB, nullptr);
+    ASSERT_NE(nullptr, p) << "allocation " << i << " should have evicted to fit";
+    live.push_back({p, 8 * MiB, 950u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 8 * MiB, live.back().seed, nullptr);
+  }
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_GE(a->stats().blocks_evicted, 3u);
+}
+
+TEST_F(AllocatorTest, TrueOutOfMemoryReturnsNullAndKeepsEveryByte) {
+  // 8 MiB of device budget and 8 MiB of host budget: 16 MiB can be live.
+  auto a = make(8 * MiB, 8 * MiB);
+  std::vector<Live> live;
+  void* p = nullptr;
+  for (int i = 0; i < 10 && (p = a->malloc(4 * MiB, nullptr)); ++i) {
+    live.push_back({p, 4 * MiB, 300u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, live.back().seed, nullptr);
+  }
+  EXPECT_EQ(nullptr, p) << "should run out";
+  EXPECT_EQ(4u, live.size());
+  auto st = a->stats();
+  EXPECT_GE(st.ooms, 1u);
+  EXPECT_LE(st.peak_host_bytes, 8 * MiB);
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  // Freeing makes room again.
+  a->free(live[0].p, live[0].size, nullptr);
+  void* q = a->malloc(4 * MiB, nullptr);
+  EXPECT_NE(nullptr, q);
+}
+
+TEST_F(AllocatorTest, BadFreesAreRefusedAndChangeNothing) {
+  auto a = make(0);
+  void* p = a->malloc(3 * MiB, nullptr);
+  void* s = a->malloc(100, nullptr);
+  fill(p, 3 * MiB, 5, nullptr);
+  fill(s, 96, 6, nullptr);
+  int on_stack = 0;
+  a->free(&on_stack, 4, nullptr);                         // unknown pointer
+  a->free(static_cast<char*>(p) + 64, 3 * MiB, nullptr);  // interior pointer
+  a->free(p, 2 * MiB, nullptr);                           // size mismatch
+  a->free(s, 100, nullptr);
+  a->free(s, 100, nullptr);  // double free
+  EXPECT_EQ(4u, a->stats().bad_frees);
+  check(p, 3 * MiB, 5, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  // The double-freed small block was freed once: it is reused once.
+  void* s2 = a->malloc(100, nullptr);
+  void* s3 = a->malloc(100, nullptr);
+  EXPECT_EQ(s, s2);
+  EXPECT_NE(s2, s3);
+  a->free(p, 3 * MiB, nullptr);
+}
+
+TEST_F(AllocatorTest, InjectedFailuresLeaveTheBlockValidAndResident) {
+  auto a = make(0);
+  void* p = a->malloc(4 * MiB, nullptr);
+  fill(p, 4 * MiB, 77, nullptr);
+  simcuda_memory_stats before, after;
+  // The eviction copy fails.
+  simcuda_get_memory_stats(0, &before);
+  // The host allocation fails (first: later a pooled host handle would serve).
+  ASSERT_CU(simcuda_fail_call("cuMemCreate", 1, 0, CUDA_ERROR_OUT_OF_MEMORY));
+  EXPECT_NE(CUDA_SUCCESS, a->evict(p));
+  // The eviction copy fails.
+  ASSERT_CU(simcuda_fail_call("cuMemcpyDtoDAsync", 1, 0, CUDA_ERROR_INVALID_VALUE));
+  EXPECT_NE(CUDA_SUCCESS, a->evict(p));
+  simcuda_get_memory_stats(0, &after);
+  EXPECT_EQ(before.device_used, after.device_used) << "the block stays resident";
+  EXPECT_EQ(0u, a->stats().blocks_evicted);
+  check(p, 4 * MiB, 77, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  // A device allocation failure: malloc returns NULL, nothing else changes.
+  ASSERT_CU(simcuda_fail_call("cuMemCreate", 1, 1, CUDA_ERROR_OUT_OF_MEMORY));
+  EXPECT_EQ(nullptr, a->malloc(16 * MiB, nullptr));
+  simcuda_clear_faults();
+  // After the faults the block still evicts and restores cleanly.
+  ASSERT_CU(a->evict(p));
+  ASSERT_CU(a->restore(p, nullptr));
+  check(p, 4 * MiB, 77, nullptr);
+  EXPECT_EQ(0u, mismatches());
+}
+
+TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
+  for (uint64_t budget : {uint64_t{0}, uint64_t{12 * MiB}}) {
+    auto a = make(budget);
+    const size_t sizes[] = {4 * MiB, 300, 2 * MiB, 6 * MiB, 40 << 10, 4 * MiB, 3 * MiB};
+    auto step = [&] {
+      std::vector<std::pair<void*, size_t>> v;
+      for (size_t s : sizes) {
+        void* p = a->malloc(s, nullptr);
+        ASSERT_NE(nullptr, p);
+        fill(p, s & ~size_t{7}, s, nullptr);
+        v.emplace_back(p, s);
+      }
+      for (auto it = v.rbegin(); it != v.rend(); ++it) {
+        check(it->first, it->second & ~size_t{7}, it->second, nullptr);
+        a->free(it->first, it->second, nullptr);
+      }
+    };
+    step();
+    step();  // under pressure the second step settles which blocks move
+    const uint64_t creates = simcuda_call_count("cuMemCreate");
+    const uint64_t maps = simcuda_call_count("cuMemMap");
+    const uint64_t host_creates = a->stats().host_creates;
+    step();
+    step();
+    if (budget == 0) {
+      EXPECT_EQ(creates, simcuda_call_count("cuMemCreate"));
+      EXPECT_EQ(maps, simcuda_call_count("cuMemMap"));
+    } else {
+      // Under pressure blocks move every step, but their host memory is pooled.
+      EXPECT_GT(a->stats().blocks_evicted, 0u);
+      EXPECT_EQ(host_creates, a->stats().host_creates);
+    }
+    EXPECT_EQ(0u, mismatches());
+  }
+}
