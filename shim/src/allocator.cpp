@@ -7,15 +7,24 @@
 namespace spillway {
 
 struct Allocator::Block {
+  enum class Where : uint8_t {
+    kDevice,    // device memory mapped at ptr
+    kEvicting,  // device memory still mapped; a copy to `host` (at `scratch`) in flight
+    kHost,      // host memory mapped at ptr
+  };
   uintptr_t ptr = 0;
   size_t size = 0;  // requested bytes while live
   size_t cap = 0;   // bytes behind it: a granule multiple for large blocks
   CUstream stream = nullptr;
+  std::vector<CUstream> users;  // other streams seen using it (contract 3)
   bool large = false;
   bool live = false;
-  bool on_host = false;  // evicted: host memory mapped at ptr
+  Where where = Where::kDevice;
+  bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
   CUmemGenericAllocationHandle dev = 0, host = 0;
+  uintptr_t scratch = 0;
   uint64_t last_use = 0;
+  std::vector<Event> pending;  // freed: events on `users` that must complete first
 };
 
 namespace {
@@ -72,8 +81,14 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
     *why = "cannot create the copy streams or events";
     return nullptr;
   }
+  a->bg_ev_ = Event(d);
+  a->owners_.assign(a->arena_.size() / g, nullptr);
   a->s_.budget_bytes = o.gpu_budget;
   a->s_.host_budget_bytes = o.host_budget;
+  if (o.background && o.evict && o.gpu_budget > 4 * g) {
+    a->high_water_ = o.gpu_budget - std::max<uint64_t>(g, o.gpu_budget / 20);
+    a->bg_ = std::thread([p = a.get()] { p->background_loop(); });
+  }
   return a;
 }
 
@@ -99,7 +114,33 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
             }()),
       chooser_(std::make_unique<policy::LruChooser>()) {}
 
-Allocator::~Allocator() = default;
+Allocator::~Allocator() {
+  if (bg_.joinable()) {
+    {
+      std::lock_guard lk(mu_);
+      bg_stop_ = true;
+    }
+    bg_cv_.notify_one();
+    bg_.join();
+  }
+}
+
+Allocator::Block* Allocator::owner_of(uintptr_t p) {
+  if (arena_.contains(p)) {
+    if (Block* b = owners_[(p - arena_.base()) / granule_]) return b;
+  }
+  return find_live(p);  // small blocks: exact pointers only
+}
+
+void Allocator::set_owner(Block* b) {
+  const size_t first = (b->ptr - arena_.base()) / granule_;
+  for (size_t i = 0; i < b->cap / granule_; ++i) owners_[first + i] = b;
+}
+
+void Allocator::forget_owner(Block* b) {
+  const size_t first = (b->ptr - arena_.base()) / granule_;
+  for (size_t i = 0; i < b->cap / granule_; ++i) owners_[first + i] = nullptr;
+}
 
 bool Allocator::ensure_context() {
   // Allocation paths that reach the driver run on PyTorch's threads (which
@@ -135,7 +176,6 @@ void Allocator::note_live(Block* b, size_t size, CUstream stream) {
   b->last_use = ++tick_;
   live_[b->ptr] = b;
   s_.live_bytes += size;
-  s_.reserved_bytes += b->cap;
   s_.peak_live_bytes = std::max(s_.peak_live_bytes, s_.live_bytes);
   ++s_.mallocs;
 }
@@ -143,6 +183,7 @@ void Allocator::note_live(Block* b, size_t size, CUstream stream) {
 void* Allocator::malloc(size_t size, CUstream stream) {
   if (size == 0) return nullptr;
   std::lock_guard lk(mu_);
+  if (!pending_.empty()) process_pending();
   void* p = size < o_.min_block ? malloc_small(size, stream) : malloc_large(size, stream);
   if (!p) {
     ++s_.ooms;
@@ -150,6 +191,7 @@ void* Allocator::malloc(size_t size, CUstream stream) {
   }
   s_.resident_bytes = resident();
   s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+  if (high_water_ && s_.resident_bytes > high_water_) bg_cv_.notify_one();
   return p;
 }
 
@@ -174,14 +216,9 @@ void* Allocator::malloc_small(size_t size, CUstream stream) {
 
 Allocator::Chunk* Allocator::new_chunk(size_t at_least, CUstream stream) {
   const size_t size = round_up(std::max(at_least, kChunk), granule_);
-  if (!ensure_context() || !make_room(size)) return nullptr;
   CUmemGenericAllocationHandle h = 0;
-  CUresult r = dev_.take(size, &h);
-  if (r != CUDA_SUCCESS) {
-    log::warn("cuMemCreate({} bytes) for a small-block chunk failed: {}", size,
-              cu::describe(d_, r));
-    return nullptr;
-  }
+  if (!ensure_context() || take_device(size, &h) != CUDA_SUCCESS) return nullptr;
+  CUresult r = CUDA_SUCCESS;
   uintptr_t va = arena_.take(size);
   if (!va || (r = map_rw(d_, va, size, h, o_.device)) != CUDA_SUCCESS) {
     if (va) arena_.give(va, size);
@@ -271,30 +308,34 @@ Allocator::Block* Allocator::take_cached(size_t cap, CUstream stream) {
   return nullptr;
 }
 
-Allocator::Block* Allocator::new_large(size_t cap, CUstream stream) {
-  if (!make_room(cap)) return nullptr;
-  CUmemGenericAllocationHandle h = 0;
-  CUresult r = dev_.take(cap, &h);
+CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
+  if (!make_room(size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = dev_.take(size, h);
   // The device may be fuller than the budget says (other processes, other
   // libraries): make more room and retry while there is anything to free.
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    if (dev_.trim(cap) == 0) {
-      if (release_cached(cap) == 0 && evict_for(cap) == 0) break;
-      dev_.trim(cap, cap);
+    if (dev_.trim(size) == 0) {
+      if (release_cached(size) == 0 && (!o_.evict || evict_for(size) == 0)) break;
+      dev_.trim(size, size);
     }
-    r = dev_.take(cap, &h);
+    r = dev_.take(size, h);
   }
-  if (r != CUDA_SUCCESS) {
-    log::warn("cuMemCreate({} bytes) failed: {}", cap, cu::describe(d_, r));
-    return nullptr;
-  }
+  if (r != CUDA_SUCCESS)
+    log::warn("cuMemCreate({} bytes, device {}) failed: {}", size, o_.device, cu::describe(d_, r));
+  s_.device_creates = dev_.creates();
+  return r;
+}
+
+Allocator::Block* Allocator::new_large(size_t cap, CUstream stream) {
+  CUmemGenericAllocationHandle h = 0;
+  if (take_device(cap, &h) != CUDA_SUCCESS) return nullptr;
   uintptr_t va = arena_.take(cap);
   if (!va) {
     log::error("the VA arena ({} bytes) is exhausted", arena_.size());
     dev_.give(h, cap);
     return nullptr;
   }
-  if ((r = map_rw(d_, va, cap, h, o_.device)) != CUDA_SUCCESS) {
+  if (CUresult r = map_rw(d_, va, cap, h, o_.device); r != CUDA_SUCCESS) {
     log::error("mapping {} bytes at {:#x} failed: {}", cap, va, cu::describe(d_, r));
     arena_.give(va, cap);
     dev_.give(h, cap);
@@ -306,6 +347,7 @@ Allocator::Block* Allocator::new_large(size_t cap, CUstream stream) {
   b->large = true;
   b->dev = h;
   b->stream = stream;
+  set_owner(b);
   s_.device_creates = dev_.creates();
   return b;
 }
@@ -336,30 +378,74 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   live_.erase(b->ptr);
   b->live = false;
   s_.live_bytes -= b->size;
-  s_.reserved_bytes -= b->cap;
   ++s_.frees;
   b->last_use = ++tick_;
-  // The block returns to its allocation stream, whatever stream frees it:
+  if (b->where == Block::Where::kHost) {
+    free_evicted(b);
+    return;
+  }
+  if (b->where == Block::Where::kEvicting) b->cancel = true;  // its device copy stays
+  // Streams other than the allocation stream that used the block may still
+  // have work on it queued: it becomes reusable when events recorded on each
+  // of them now have completed (PyTorch's record_stream, done for the user).
+  for (CUstream u : b->users) {
+    Event e = take_event();
+    if (d_.cuEventRecord(e.get(), u) == CUDA_SUCCESS) b->pending.push_back(std::move(e));
+  }
+  b->users.clear();
+  if (!b->pending.empty()) {
+    pending_.push_back(b);
+    return;
+  }
+  make_reusable(b);
+}
+
+void Allocator::make_reusable(Block* b) {
+  // The block returns to its allocation stream, whatever stream freed it:
   // that is the stream its last uses are ordered on.
-  if (!b->large) {
+  if (b->large) {
+    cached_large_[b->stream].emplace(b->cap, b);
+  } else {
     chunk_of(b->ptr)->free.give(b->ptr, b->cap);
     spare_.push_back(b);
-  } else if (b->on_host) {
-    free_evicted(b);
-  } else {
-    cached_large_[b->stream].emplace(b->cap, b);
   }
+}
+
+void Allocator::process_pending() {
+  for (size_t i = 0; i < pending_.size();) {
+    Block* b = pending_[i];
+    bool done = true;
+    for (const Event& e : b->pending) done = done && d_.cuEventQuery(e.get()) == CUDA_SUCCESS;
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (Event& e : b->pending) events_.push_back(std::move(e));
+    b->pending.clear();
+    make_reusable(b);
+    pending_[i] = pending_.back();
+    pending_.pop_back();
+  }
+}
+
+Event Allocator::take_event() {
+  if (events_.empty()) return Event(d_);
+  Event e = std::move(events_.back());
+  events_.pop_back();
+  return e;
 }
 
 void Allocator::free_evicted(Block* b) {
   // Queued work may still read the host copy: let it finish before unmapping.
   drain(b->stream);
+  for (CUstream u : b->users) drain(u);
   if (d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
     log::error("unmapping evicted block {:#x} failed; its host memory is kept", b->ptr);
     return;
   }
   host_.give(b->host, b->cap);
   arena_.give(b->ptr, b->cap);
+  forget_owner(b);
   spare_.push_back(b);
 }
 
@@ -397,12 +483,15 @@ size_t Allocator::release_cached(size_t want) {
     if (drain(stream) != CUDA_SUCCESS) continue;
     for (auto it = m.begin(); it != m.end() && freed < want;) {
       Block* b = it->second;
-      if (d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
+      // A block whose eviction was cancelled is referenced by that batch
+      // until it finishes.
+      if (b->where != Block::Where::kDevice || d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
         ++it;
         continue;
       }
       arena_.give(b->ptr, b->cap);
       dev_.give(b->dev, b->cap);
+      forget_owner(b);
       freed += b->cap;
       ++s_.cached_releases;
       spare_.push_back(b);
@@ -412,18 +501,29 @@ size_t Allocator::release_cached(size_t want) {
   return freed;
 }
 
-size_t Allocator::evict_for(size_t want) {
+std::vector<Allocator::Block*> Allocator::choose_victims(size_t want) {
   std::vector<policy::Candidate> cands;
   for (auto& [p, b] : live_)
-    if (b->large && !b->on_host) cands.push_back({p, b->cap, b->last_use});
+    if (b->large && b->where == Block::Where::kDevice) cands.push_back({p, b->cap, b->last_use});
   std::vector<Block*> victims;
   for (uint64_t id : chooser_->choose(std::move(cands), want)) victims.push_back(live_.at(id));
-  return evict_blocks(victims);
+  return victims;
+}
+
+size_t Allocator::evict_for(size_t want) {
+  return evict_blocks(choose_victims(want));
 }
 
 CUresult Allocator::order_after(CUstream waiter, CUstream s) {
   CUresult r = d_.cuEventRecord(ev_.get(), s);
   if (r == CUDA_SUCCESS) r = d_.cuStreamWaitEvent(waiter, ev_.get(), 0);
+  return r;
+}
+
+CUresult Allocator::order_after_users(CUstream waiter, const Block* b) {
+  CUresult r = order_after(waiter, b->stream);
+  for (CUstream u : b->users)
+    if (r == CUDA_SUCCESS) r = order_after(waiter, u);
   return r;
 }
 
@@ -434,14 +534,17 @@ CUresult Allocator::drain(CUstream s) {
 }
 
 size_t Allocator::evict_blocks(const std::vector<Block*>& victims) {
-  struct Move {
-    Block* b;
-    CUmemGenericAllocationHandle host;
-    uintptr_t scratch;
-  };
-  std::vector<Move> moves;
-  // 1. Copy each block into host memory mapped at a scratch address, on the
-  //    D2H stream, after everything already queued on the block's stream.
+  std::vector<Block*> started = start_evictions(victims);
+  if (started.empty()) return 0;
+  // Contract 1: the copies complete before device memory is released.
+  const bool copied = drain(d2h_.get()) == CUDA_SUCCESS;
+  return finish_evictions(started, copied);
+}
+
+std::vector<Allocator::Block*> Allocator::start_evictions(const std::vector<Block*>& victims) {
+  std::vector<Block*> started;
+  // Copy each block into host memory mapped at a scratch address, on the D2H
+  // stream, after everything already queued on the streams that use it.
   for (Block* b : victims) {
     // Host memory counts against its budget whether in use or pooled.
     if (o_.host_budget && !host_.has(b->cap)) {
@@ -467,7 +570,7 @@ size_t Allocator::evict_blocks(const std::vector<Block*>& victims) {
       ++s_.evictions_failed;
       break;
     }
-    if ((r = order_after(d2h_.get(), b->stream)) != CUDA_SUCCESS ||
+    if ((r = order_after_users(d2h_.get(), b)) != CUDA_SUCCESS ||
         (r = d_.cuMemcpyDtoDAsync(scratch, b->ptr, b->size, d2h_.get())) != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
       d_.cuMemUnmap(scratch, b->cap);
@@ -476,38 +579,52 @@ size_t Allocator::evict_blocks(const std::vector<Block*>& victims) {
       ++s_.evictions_failed;
       continue;
     }
-    moves.push_back({b, h, scratch});
-  }
-  if (moves.empty()) return 0;
-  // 2. Wait for the copies (contract 1: they complete before device memory goes).
-  CUresult r = drain(d2h_.get());
-  // 3. Swap: the block's address now maps its host copy. Each step that fails
-  //    rolls that block back; its device memory is intact until the end.
-  size_t freed = 0;
-  for (const Move& m : moves) {
-    Block* b = m.b;
-    bool ok = r == CUDA_SUCCESS && d_.cuMemUnmap(m.scratch, b->cap) == CUDA_SUCCESS;
-    bool unmapped = ok && d_.cuMemUnmap(b->ptr, b->cap) == CUDA_SUCCESS;
-    if (unmapped && map_rw(d_, b->ptr, b->cap, m.host, o_.device) == CUDA_SUCCESS) {
-      dev_.give(b->dev, b->cap);
-      freed += b->cap;
-      b->on_host = true;
-      b->host = m.host;
-      b->dev = 0;
-      ++s_.blocks_evicted;
-      s_.bytes_evicted += b->size;
-    } else {
-      if (unmapped) map_rw(d_, b->ptr, b->cap, b->dev, o_.device);  // put the device memory back
-      if (!ok) d_.cuMemUnmap(m.scratch, b->cap);
-      host_.give(m.host, b->cap);
-      ++s_.evictions_failed;
-      log::warn("eviction of {:#x} rolled back (pending work on it, or a driver error)", b->ptr);
-    }
-    arena_.give(m.scratch, b->cap);
+    b->where = Block::Where::kEvicting;
+    b->cancel = false;
+    b->host = h;
+    b->scratch = scratch;
+    started.push_back(b);
   }
   s_.host_bytes = host_.held();
   s_.peak_host_bytes = std::max(s_.peak_host_bytes, s_.host_bytes);
   s_.host_creates = host_.creates();
+  return started;
+}
+
+size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copied) {
+  // Swap each block's address to its host copy, unless the eviction was
+  // cancelled (used or freed meanwhile) or a step fails: then the device
+  // memory, still mapped and intact, stays.
+  size_t freed = 0;
+  for (Block* b : started) {
+    const bool scratch_unmapped = d_.cuMemUnmap(b->scratch, b->cap) == CUDA_SUCCESS;
+    bool swapped = false;
+    if (copied && scratch_unmapped && !b->cancel && d_.cuMemUnmap(b->ptr, b->cap) == CUDA_SUCCESS) {
+      swapped = map_rw(d_, b->ptr, b->cap, b->host, o_.device) == CUDA_SUCCESS;
+      if (!swapped) map_rw(d_, b->ptr, b->cap, b->dev, o_.device);  // put the device memory back
+    }
+    if (scratch_unmapped) arena_.give(b->scratch, b->cap);  // else leak VA rather than alias it
+    b->scratch = 0;
+    if (swapped) {
+      dev_.give(b->dev, b->cap);
+      freed += b->cap;
+      b->dev = 0;
+      b->where = Block::Where::kHost;
+      ++s_.blocks_evicted;
+      s_.bytes_evicted += b->size;
+    } else {
+      host_.give(b->host, b->cap);
+      b->host = 0;
+      b->where = Block::Where::kDevice;
+      if (b->cancel) {
+        ++s_.evictions_cancelled;
+      } else {
+        ++s_.evictions_failed;
+        log::warn("eviction of {:#x} rolled back (pending work on it, or a driver error)", b->ptr);
+      }
+    }
+    b->cancel = false;
+  }
   return freed;
 }
 
@@ -515,30 +632,63 @@ CUresult Allocator::evict(const void* ptr) {
   std::lock_guard lk(mu_);
   Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
   if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
-  if (b->on_host) return CUDA_SUCCESS;
+  if (b->where == Block::Where::kHost) return CUDA_SUCCESS;
+  if (b->where == Block::Where::kEvicting) return CUDA_ERROR_NOT_READY;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
   evict_blocks({b});
   s_.resident_bytes = resident();
-  return b->on_host ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  return b->where == Block::Where::kHost ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult Allocator::restore(const void* ptr, CUstream stream) {
   std::lock_guard lk(mu_);
-  Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
-  if (!b) return CUDA_ERROR_INVALID_VALUE;
-  if (!b->on_host) return CUDA_SUCCESS;
+  Block* b = owner_of(reinterpret_cast<uintptr_t>(ptr));
+  if (!b || !b->live) return CUDA_ERROR_INVALID_VALUE;
+  note_user(b, stream);
+  b->last_use = ++tick_;
+  if (b->where == Block::Where::kEvicting) {
+    // Its device memory is still mapped and current: keep it.
+    b->cancel = true;
+    return CUDA_SUCCESS;
+  }
+  if (b->where == Block::Where::kDevice) return CUDA_SUCCESS;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUresult r = restore_block(b, stream);
+  CUresult r = restore_block(b);
   s_.resident_bytes = resident();
   s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
   return r;
 }
 
-CUresult Allocator::restore_block(Block* b, CUstream stream) {
-  b->last_use = ++tick_;  // the block being restored is the newest: never its own victim
-  if (!make_room(b->cap)) return CUDA_ERROR_OUT_OF_MEMORY;
+void Allocator::note_use(const void* ptr, CUstream stream) {
+  std::lock_guard lk(mu_);
+  Block* b = owner_of(reinterpret_cast<uintptr_t>(ptr));
+  if (b && b->live) note_user(b, stream);
+}
+
+Allocator::Residency Allocator::residency(const void* ptr) {
+  std::lock_guard lk(mu_);
+  Block* b = owner_of(reinterpret_cast<uintptr_t>(ptr));
+  if (!b || !b->live) return Residency::kUnknown;
+  switch (b->where) {
+    case Block::Where::kDevice:
+      return Residency::kDevice;
+    case Block::Where::kEvicting:
+      return Residency::kEvicting;
+    case Block::Where::kHost:
+      return Residency::kHost;
+  }
+  return Residency::kUnknown;
+}
+
+void Allocator::note_user(Block* b, CUstream stream) {
+  if (stream == b->stream) return;
+  if (std::find(b->users.begin(), b->users.end(), stream) == b->users.end())
+    b->users.push_back(stream);
+}
+
+CUresult Allocator::restore_block(Block* b) {
   CUmemGenericAllocationHandle h = 0;
-  CUresult r = dev_.take(b->cap, &h);
+  CUresult r = take_device(b->cap, &h);
   if (r != CUDA_SUCCESS) return r;
   uintptr_t scratch = arena_.take(b->cap);
   if (!scratch || (r = map_rw(d_, scratch, b->cap, h, o_.device)) != CUDA_SUCCESS) {
@@ -547,9 +697,8 @@ CUresult Allocator::restore_block(Block* b, CUstream stream) {
     return scratch ? r : CUDA_ERROR_OUT_OF_MEMORY;
   }
   // The host copy may have been written through its mapping by work queued
-  // on the block's stream or the consumer's: copy after both.
-  if ((r = order_after(h2d_.get(), b->stream)) == CUDA_SUCCESS &&
-      (r = order_after(h2d_.get(), stream)) == CUDA_SUCCESS &&
+  // on any stream that uses the block: copy after all of it.
+  if ((r = order_after_users(h2d_.get(), b)) == CUDA_SUCCESS &&
       (r = d_.cuMemcpyDtoDAsync(scratch, b->ptr, b->size, h2d_.get())) == CUDA_SUCCESS)
     r = drain(h2d_.get());
   bool ok = r == CUDA_SUCCESS && d_.cuMemUnmap(scratch, b->cap) == CUDA_SUCCESS;
@@ -559,7 +708,7 @@ CUresult Allocator::restore_block(Block* b, CUstream stream) {
     host_.give(b->host, b->cap);
     b->host = 0;
     b->dev = h;
-    b->on_host = false;
+    b->where = Block::Where::kDevice;
     ++s_.blocks_restored;
     s_.bytes_restored += b->size;
     return CUDA_SUCCESS;
@@ -573,9 +722,42 @@ CUresult Allocator::restore_block(Block* b, CUstream stream) {
   return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
 }
 
+void Allocator::background_loop() {
+  // The high/low watermarks keep a little headroom free ahead of need, so
+  // that allocations rarely wait for an eviction copy themselves.
+  const uint64_t high = o_.gpu_budget - std::max<uint64_t>(granule_, o_.gpu_budget / 20);
+  const uint64_t low = o_.gpu_budget - std::max<uint64_t>(2 * granule_, o_.gpu_budget / 10);
+  bool have_context = false;
+  std::unique_lock lk(mu_);
+  while (!bg_stop_) {
+    bg_cv_.wait_for(lk, std::chrono::milliseconds(5));
+    if (bg_stop_) break;
+    if (!have_context) have_context = ensure_context();
+    if (!have_context) continue;
+    process_pending();
+    if (resident() <= high) continue;
+    dev_.trim(resident() - low);
+    if (resident() <= high) continue;
+    std::vector<Block*> started = start_evictions(choose_victims(resident() - low));
+    if (started.empty()) continue;
+    bool copied = d_.cuEventRecord(bg_ev_.get(), d2h_.get()) == CUDA_SUCCESS;
+    lk.unlock();  // the copies run without the lock: allocations go on
+    copied = copied && d_.cuEventSynchronize(bg_ev_.get()) == CUDA_SUCCESS;
+    if (o_.before_swap) o_.before_swap();
+    lk.lock();
+    finish_evictions(started, copied);
+    if (resident() > low) dev_.trim(resident() - low);
+    s_.resident_bytes = resident();
+    ++s_.background_batches;
+  }
+}
+
 Stats Allocator::stats() {
   std::lock_guard lk(mu_);
   s_.resident_bytes = resident();
+  // Everything behind live and cached blocks, on either side: fragmentation
+  // is what of it no live byte uses.
+  s_.reserved_bytes = (dev_.held() - dev_.pooled()) + (host_.held() - host_.pooled());
   s_.small_pool_bytes = small_bytes_;
   s_.host_bytes = host_.held();
   s_.device_creates = dev_.creates();
@@ -587,8 +769,8 @@ void Allocator::log_resident_set(const char* why) {
   std::vector<Block*> res;
   size_t evicted = 0;
   for (auto& [p, b] : live_) {
-    if (b->large && !b->on_host) res.push_back(b);
-    if (b->on_host) evicted += b->cap;
+    if (b->large && b->where != Block::Where::kHost) res.push_back(b);
+    if (b->where == Block::Where::kHost) evicted += b->cap;
   }
   std::sort(res.begin(), res.end(), [](Block* a, Block* b) { return a->cap > b->cap; });
   log::error(

@@ -19,9 +19,12 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +43,13 @@ struct AllocatorOptions {
   uint64_t host_budget = 0;  // bytes
   uint64_t min_block = 1ull << 20;
   bool evict = true;  // false in SPILLWAY_MODE=off: caching only
+  // Evict ahead of need from a background thread when resident memory nears
+  // the budget. Safe only when every access is seen (the access tracker can
+  // cancel an eviction in flight); see docs/limitations.md.
+  bool background = false;
+  // Test seam: called by the background thread after an eviction batch's
+  // copies completed and before it swaps the mappings (without the lock).
+  std::function<void()> before_swap;
 };
 
 class Allocator {
@@ -54,10 +64,18 @@ class Allocator {
   // or a size that differs from the allocation's.
   void free(void* ptr, size_t size, CUstream stream);
 
-  // Residency, for tests and (later) the access tracker: make the block that
-  // contains `ptr` resident before `stream` uses it; evict it to host memory.
+  // Residency, for tests and the access tracker: make the block that
+  // contains `ptr` resident before `stream` uses it (cancelling an eviction
+  // in flight); evict it to host memory now.
   CUresult restore(const void* ptr, CUstream stream);
   CUresult evict(const void* ptr);
+  // `stream` uses the block containing `ptr`: its free will wait for that
+  // stream's work (what record_stream does, which a pluggable allocator never
+  // receives).
+  void note_use(const void* ptr, CUstream stream);
+
+  enum class Residency { kUnknown, kDevice, kEvicting, kHost };
+  Residency residency(const void* ptr);
 
   Stats stats();
   // Logs the resident set (largest blocks, totals): what a user needs after an OOM.
@@ -71,11 +89,22 @@ class Allocator {
   void* malloc_small(size_t size, CUstream stream);
   void* malloc_large(size_t size, CUstream stream);
   Block* take_cached(size_t cap, CUstream stream);
+  void make_reusable(Block* b);
+  void process_pending();  // frees whose user-stream events completed
+  Event take_event();
+  void note_user(Block* b, CUstream stream);
+  // The live or cached block containing `p` (large: any interior address).
+  Block* owner_of(uintptr_t p);
+  void set_owner(Block* b);
+  void forget_owner(Block* b);
   Block* new_large(size_t cap, CUstream stream);
   Block* new_block();
   void free_evicted(Block* b);
   void note_live(Block* b, size_t size, CUstream stream);
 
+  // Device memory of `size` bytes within the budget, making room (and, if the
+  // device itself is full, more room) as needed.
+  CUresult take_device(size_t size, CUmemGenericAllocationHandle* h);
   // Frees device memory until `need` more bytes fit in the budget.
   bool make_room(size_t need);
   // Bytes over the budget if `need` more were taken now.
@@ -84,11 +113,20 @@ class Allocator {
   // the pool. Return the bytes given back.
   size_t release_cached(size_t want);
   size_t evict_for(size_t want);
-  // Evicts these blocks; returns the device bytes given back to the pool.
+  std::vector<Block*> choose_victims(size_t want);
+  // Evicts these blocks now; returns the device bytes given back to the pool.
   size_t evict_blocks(const std::vector<Block*>& victims);
-  CUresult restore_block(Block* b, CUstream stream);
-  // Makes `waiter` wait for all work queued so far on `s`.
+  // Eviction in two steps so the copies can run without the lock: start
+  // queues them (blocks become kEvicting), finish swaps the mappings once the
+  // copies are done, or keeps the device memory if an eviction was cancelled.
+  std::vector<Block*> start_evictions(const std::vector<Block*>& victims);
+  size_t finish_evictions(const std::vector<Block*>& started, bool copied);
+  CUresult restore_block(Block* b);
+  void background_loop();
+  // Makes `waiter` wait for all work queued so far on `s` (on every stream
+  // that uses `b`).
   CUresult order_after(CUstream waiter, CUstream s);
+  CUresult order_after_users(CUstream waiter, const Block* b);
   // Blocks the host until work queued so far on `s` is done.
   CUresult drain(CUstream s);
 
@@ -104,7 +142,15 @@ class Allocator {
   VaArena arena_;
   PhysPool dev_, host_;
   Stream d2h_, h2d_;
-  Event ev_;
+  Event ev_;                     // order_after / drain, under the lock
+  Event bg_ev_;                  // the background thread's wait, outside the lock
+  std::vector<Event> events_;    // pool for pending frees
+  std::vector<Block*> pending_;  // freed, waiting for user-stream events
+  std::vector<Block*> owners_;   // large block owning each granule of the arena
+  uint64_t high_water_ = 0;      // background eviction starts above this
+  std::thread bg_;
+  std::condition_variable bg_cv_;
+  bool bg_stop_ = false;
   CUcontext ctx_ = nullptr;
   std::unique_ptr<policy::VictimChooser> chooser_;
 

@@ -42,6 +42,9 @@ std::string set_gpu_budget(const std::string& v, Config* c) {
 std::string set_host_budget(const std::string& v, Config* c) {
   auto s = parse_size_or_percent(v);
   if (!s) return kSizeForms;
+  if (s->fraction == 0 && s->bytes == 0)
+    return std::string(kSizeForms) +
+           ", greater than zero (to keep everything on the GPU, use SPILLWAY_MODE=off)";
   c->host_budget = *s;
   return {};
 }
@@ -104,14 +107,27 @@ uint64_t default_host_budget(uint64_t host_total) {
   return host_total / 2;
 }
 
+// A plain decimal number at the start of `text` ("12", "1.5"): no sign, no
+// space, no exponent, no hexadecimal. Returns the characters it used (0: none).
+size_t decimal_prefix(const std::string& text, double* value) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0) return 0;
+  if (i < text.size() && text[i] == '.') {
+    size_t j = i + 1;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j == i + 1) return 0;
+    i = j;
+  }
+  *value = std::strtod(text.substr(0, i).c_str(), nullptr);
+  return i;
+}
+
 std::optional<uint64_t> parse_bytes(const std::string& text) {
-  if (text.empty() || text[0] == '-' || text[0] == '+' || std::isspace(text[0]))
-    return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(text.c_str(), &end);
-  if (errno != 0 || end == text.c_str() || !std::isfinite(v) || v < 0) return std::nullopt;
-  std::string unit(end);
+  double v = 0;
+  const size_t used = decimal_prefix(text, &v);
+  if (used == 0 || !std::isfinite(v)) return std::nullopt;
+  std::string unit = text.substr(used);
   static constexpr std::pair<const char*, double> kUnits[] = {{"", 1},
                                                               {"B", 1},
                                                               {"KiB", 1024.0},
@@ -140,10 +156,8 @@ std::optional<SizeSpec> parse_size_or_percent(const std::string& text) {
   s.set = true;
   if (!text.empty() && text.back() == '%') {
     std::string num = text.substr(0, text.size() - 1);
-    char* end = nullptr;
-    errno = 0;
-    double pct = std::strtod(num.c_str(), &end);
-    if (num.empty() || errno != 0 || *end != '\0' || !(pct > 0) || pct > 100) return std::nullopt;
+    double pct = 0;
+    if (decimal_prefix(num, &pct) != num.size() || !(pct > 0) || pct > 100) return std::nullopt;
     s.fraction = pct / 100.0;
     return s;
   }

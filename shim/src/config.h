@@ -45,6 +45,7 @@ std::optional<Config> parse_config(char** env, std::string* error);
 
 // Exposed for tests.
 std::optional<uint64_t> parse_bytes(const std::string& text);
+size_t decimal_prefix(const std::string& text, double* value);
 std::optional<SizeSpec> parse_size_or_percent(const std::string& text);
 size_t edit_distance(const std::string& a, const std::string& b);
 

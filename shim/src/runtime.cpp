@@ -14,9 +14,21 @@ namespace {
 
 std::atomic<Runtime*> g_runtime{nullptr};
 
+// The memory this process may use: physical memory, or less under a cgroup
+// limit (a container), which is what pinned host memory must fit in.
 uint64_t host_memory_bytes() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  uint64_t total =
+      pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    if (std::FILE* f = std::fopen(path, "r")) {
+      unsigned long long limit = 0;
+      if (std::fscanf(f, "%llu", &limit) == 1 && limit > 0 && limit < total) total = limit;
+      std::fclose(f);
+    }
+  }
+  return total;
 }
 
 }  // namespace
@@ -106,6 +118,7 @@ Allocator* Runtime::allocator(int device) {
 
 Stats Runtime::stats() {
   Stats sum;
+  sum.ooms = unserved_.load(std::memory_order_relaxed);
   std::lock_guard lk(mu_);
   for (auto& a : allocators_) {
     if (!a) continue;
@@ -132,6 +145,8 @@ Stats Runtime::stats() {
     sum.bytes_evicted += s.bytes_evicted;
     sum.bytes_restored += s.bytes_restored;
     sum.evictions_failed += s.evictions_failed;
+    sum.evictions_cancelled += s.evictions_cancelled;
+    sum.background_batches += s.background_batches;
     sum.device_creates += s.device_creates;
     sum.host_creates += s.host_creates;
     sum.cached_releases += s.cached_releases;
@@ -141,7 +156,11 @@ Stats Runtime::stats() {
 
 void Runtime::report_at_exit() {
   Stats s = stats();
-  log::info("{}", summary_line(s));
+  // The one line a user always gets (unless SPILLWAY_LOG_LEVEL=off), even at
+  // a quieter level than info.
+  auto& l = log::get();
+  if (cfg_.log_level != LogLevel::kOff)
+    l.log(std::max(l.level(), spdlog::level::info), "{}", summary_line(s));
   if (!cfg_.stats_file.empty()) {
     std::FILE* f = std::fopen(cfg_.stats_file.c_str(), "w");
     if (!f) {

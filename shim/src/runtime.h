@@ -26,6 +26,9 @@ class Runtime {
   Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
   Stats stats();
   void mark_step() { steps_.fetch_add(1, std::memory_order_relaxed); }
+  // A malloc that returned NULL before reaching an allocator (no driver, bad
+  // device): counted with the out-of-memory results.
+  void note_unserved() { unserved_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
   const Config& config() const { return cfg_; }
 
@@ -40,6 +43,7 @@ class Runtime {
   std::vector<std::unique_ptr<Allocator>> allocators_;
   std::vector<bool> failed_;
   std::atomic<uint64_t> steps_{0};
+  std::atomic<uint64_t> unserved_{0};
 };
 
 }  // namespace spillway

@@ -11,8 +11,11 @@ using spillway::Runtime;
 #define SPILLWAY_EXPORT extern "C" __attribute__((visibility("default")))
 
 SPILLWAY_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
-  spillway::Allocator* a = Runtime::get().allocator(device);
-  return a ? a->malloc(size, stream) : nullptr;
+  Runtime& rt = Runtime::get();
+  spillway::Allocator* a = rt.allocator(device);
+  if (a) return a->malloc(size, stream);
+  if (size) rt.note_unserved();
+  return nullptr;
 }
 
 SPILLWAY_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* stream) {

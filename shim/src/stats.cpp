@@ -34,6 +34,8 @@ std::string to_json(const Stats& s, uint64_t steps) {
   add("bytes_evicted", s.bytes_evicted);
   add("bytes_restored", s.bytes_restored);
   add("evictions_failed", s.evictions_failed);
+  add("evictions_cancelled", s.evictions_cancelled);
+  add("background_batches", s.background_batches);
   add("device_creates", s.device_creates);
   add("host_creates", s.host_creates);
   add("cached_releases", s.cached_releases);

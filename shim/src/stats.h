@@ -14,7 +14,7 @@ struct Stats {
   uint64_t peak_resident_bytes = 0;
   uint64_t live_bytes = 0;  // bytes requested by live allocations
   uint64_t peak_live_bytes = 0;
-  uint64_t reserved_bytes = 0;    // capacity behind live + cached blocks
+  uint64_t reserved_bytes = 0;    // device + host memory behind live and cached blocks
   uint64_t small_pool_bytes = 0;  // chunks for blocks below SPILLWAY_MIN_BLOCK
   uint64_t host_bytes = 0;        // host physical memory held now
   uint64_t peak_host_bytes = 0;
@@ -24,6 +24,8 @@ struct Stats {
   uint64_t blocks_evicted = 0, blocks_restored = 0;
   uint64_t bytes_evicted = 0, bytes_restored = 0;
   uint64_t evictions_failed = 0;                  // attempted and rolled back
+  uint64_t evictions_cancelled = 0;               // used or freed while the copy was in flight
+  uint64_t background_batches = 0;                // eviction batches run ahead of need
   uint64_t device_creates = 0, host_creates = 0;  // cuMemCreate calls
   uint64_t cached_releases = 0;                   // free cached blocks unmapped under pressure
 };

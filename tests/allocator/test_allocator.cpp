@@ -3,6 +3,9 @@
 // Every block carries a pattern derived from its identity; simulated kernels
 // write and check it on the block's stream, so a lost or stale byte is counted.
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -30,7 +33,7 @@ uint64_t pattern(uint64_t seed, size_t word) {
 
 struct Kernels {
   std::atomic<uint64_t> mismatches{0};
-  CUfunction fill = nullptr, check = nullptr, chase = nullptr;
+  CUfunction fill = nullptr, check = nullptr, chase = nullptr, sleep = nullptr;
 };
 
 // params: uint64_t* ptr, size_t bytes, uint64_t seed
@@ -93,11 +96,16 @@ class AllocatorTest : public ::testing::Test {
     k_.fill = reg("fill", fill_fn, &k_);
     k_.check = reg("check", check_fn, &k_);
     k_.chase = reg("chase", chase_fn, &k_);
+    k_.sleep = sleep_kernel(1000);
   }
 
   std::unique_ptr<Allocator> make(uint64_t budget, uint64_t host_budget = 1ull << 30,
                                   uint64_t min_block = MiB) {
     AllocatorOptions o;
+    o.background = background_;
+    o.before_swap = [this] {
+      if (hook_) hook_();
+    };
     o.gpu_budget = budget;
     o.host_budget = host_budget;
     o.min_block = min_block;
@@ -118,6 +126,11 @@ class AllocatorTest : public ::testing::Test {
   void check(void* p, size_t bytes, uint64_t seed, CUstream s) {
     launch3(k_.check, p, bytes, seed, s);
   }
+  // Holds `s` busy for `us` microseconds of real time.
+  void busy(CUstream s, uint64_t us) {
+    void* params[] = {&us};
+    ASSERT_CU(cuLaunchKernel(k_.sleep, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  }
   uint64_t mismatches() {
     EXPECT_CU(cuCtxSynchronize());
     return k_.mismatches.load();
@@ -125,6 +138,9 @@ class AllocatorTest : public ::testing::Test {
 
   const spillway::cu::Driver* driver_ = nullptr;
   Kernels k_;
+  bool background_ = false;
+  std::function<void()> hook_;
+  std::unique_ptr<Allocator> allocator_;
 };
 
 struct Live {
@@ -408,4 +424,108 @@ TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
     }
     EXPECT_EQ(0u, mismatches());
   }
+}
+
+// Contract 3: a block used on another stream is not reused until that
+// stream's work on it is done. The access tracker reports such uses through
+// note_use (PyTorch's record_stream never reaches a pluggable allocator).
+class JitteredUsersTest : public AllocatorTest {
+  void configure() override { setenv("SIMCUDA_JITTER", "777", 1); }
+};
+
+TEST_F(JitteredUsersTest, FreeWaitsForOtherStreamsThatUsedTheBlock) {
+  auto a = make(0);
+  CUstream alloc_s, other;
+  ASSERT_CU(cuStreamCreate(&alloc_s, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  for (size_t size : {size_t{4096}, size_t{3 * MiB}}) {
+    for (int round = 0; round < 20; ++round) {
+      const uint64_t seed = 40000u + static_cast<uint64_t>(round);
+      void* p = a->malloc(size, alloc_s);
+      fill(p, size, seed, alloc_s);
+      // `other` reads the block later than the allocation stream frees it.
+      CUevent filled;
+      ASSERT_CU(cuEventCreate(&filled, CU_EVENT_DISABLE_TIMING));
+      ASSERT_CU(cuEventRecord(filled, alloc_s));
+      ASSERT_CU(cuStreamWaitEvent(other, filled, 0));
+      busy(other, 2000);
+      check(p, size, seed, other);
+      a->note_use(p, other);
+      a->free(p, size, alloc_s);
+      // The allocation stream immediately wants the same size again and writes it.
+      void* q = a->malloc(size, alloc_s);
+      fill(q, size, seed + 1000, alloc_s);
+      ASSERT_CU(cuStreamSynchronize(other));
+      ASSERT_CU(cuStreamSynchronize(alloc_s));
+      a->free(q, size, alloc_s);
+      cuEventDestroy_v2(filled);
+    }
+  }
+  EXPECT_EQ(0u, mismatches());
+  cuStreamDestroy_v2(alloc_s);
+  cuStreamDestroy_v2(other);
+}
+
+class BackgroundTest : public AllocatorTest {
+ protected:
+  void SetUp() override {
+    background_ = true;
+    AllocatorTest::SetUp();
+  }
+};
+
+TEST_F(BackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
+  const uint64_t budget = 32 * MiB;
+  auto a = make(budget);
+  std::vector<Live> live;
+  for (int i = 0; i < 16; ++i) {  // 32 MiB: above the 95% high-water mark
+    void* p = a->malloc(2 * MiB, nullptr);
+    ASSERT_NE(nullptr, p);
+    live.push_back({p, 2 * MiB, 7000u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 2 * MiB, live.back().seed, nullptr);
+  }
+  // Bounded wait for the background thread (it polls every 5 ms).
+  for (int i = 0; i < 2000 && a->stats().background_batches == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto st = a->stats();
+  EXPECT_GE(st.background_batches, 1u);
+  EXPECT_GE(st.blocks_evicted, 1u);
+  EXPECT_LE(st.resident_bytes, budget - budget / 20);
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  for (const Live& l : live) ASSERT_CU(a->restore(l.p, nullptr));
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+}
+
+TEST_F(BackgroundTest, UseDuringAnEvictionInFlightCancelsItAndKeepsTheWrite) {
+  // The access arrives in the worst place: after the eviction copy finished,
+  // before the mappings are swapped. The write must survive.
+  std::vector<Live> live;
+  bool hooked = false;
+  hook_ = [&] {
+    if (hooked || live.empty()) return;
+    hooked = true;
+    const Live& v = live[0];  // the oldest block: the first victim
+    ASSERT_EQ(Allocator::Residency::kEvicting, allocator_->residency(v.p));
+    ASSERT_CU(allocator_->restore(v.p, nullptr));  // what the tracker does before a launch
+    fill(v.p, v.size, v.seed + 1, nullptr);
+    ASSERT_CU(cuStreamSynchronize(nullptr));
+  };
+  allocator_ = make(32 * MiB);
+  for (int i = 0; i < 16; ++i) {
+    void* p = allocator_->malloc(2 * MiB, nullptr);
+    ASSERT_NE(nullptr, p);
+    live.push_back({p, 2 * MiB, 8000u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 2 * MiB, live.back().seed, nullptr);
+  }
+  for (int i = 0; i < 3000 && allocator_->stats().background_batches == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(hooked);
+  EXPECT_EQ(1u, allocator_->stats().evictions_cancelled);
+  EXPECT_EQ(Allocator::Residency::kDevice, allocator_->residency(live[0].p));
+  check(live[0].p, live[0].size, live[0].seed + 1, nullptr);
+  for (size_t i = 1; i < live.size(); ++i) check(live[i].p, live[i].size, live[i].seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  allocator_.reset();  // joins the background thread before `live` goes
 }
