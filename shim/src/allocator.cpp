@@ -152,10 +152,10 @@ bool Allocator::ensure_context() {
   }
   if (!ctx_) {
     CUdevice dev = 0;
-    if (d_.cuDeviceGet(&dev, o_.device) != CUDA_SUCCESS) return false;
-    if (d_.cuDevicePrimaryCtxRetain(&ctx_, dev) != CUDA_SUCCESS) return false;
+    if (CU_CALL(d_, cuDeviceGet, &dev, o_.device) != CUDA_SUCCESS) return false;
+    if (CU_CALL(d_, cuDevicePrimaryCtxRetain, &ctx_, dev) != CUDA_SUCCESS) return false;
   }
-  return d_.cuCtxSetCurrent(ctx_) == CUDA_SUCCESS;
+  return CU_CALL(d_, cuCtxSetCurrent, ctx_) == CUDA_SUCCESS;
 }
 
 Allocator::Block* Allocator::new_block() {
@@ -257,7 +257,7 @@ size_t Allocator::release_free_chunks(size_t want) {
       }
       if (!drained && drain(stream) != CUDA_SUCCESS) break;
       drained = true;
-      if (d_.cuMemUnmap(c->va, c->size) != CUDA_SUCCESS) {
+      if (CU_CALL(d_, cuMemUnmap, c->va, c->size) != CUDA_SUCCESS) {
         ++it;
         continue;
       }
@@ -390,7 +390,7 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   // of them now have completed (PyTorch's record_stream, done for the user).
   for (CUstream u : b->users) {
     Event e = take_event();
-    if (d_.cuEventRecord(e.get(), u) == CUDA_SUCCESS) b->pending.push_back(std::move(e));
+    if (CU_CALL(d_, cuEventRecord, e.get(), u) == CUDA_SUCCESS) b->pending.push_back(std::move(e));
   }
   b->users.clear();
   if (!b->pending.empty()) {
@@ -439,7 +439,7 @@ void Allocator::free_evicted(Block* b) {
   // Queued work may still read the host copy: let it finish before unmapping.
   drain(b->stream);
   for (CUstream u : b->users) drain(u);
-  if (d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
+  if (CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
     log::error("unmapping evicted block {:#x} failed; its host memory is kept", b->ptr);
     return;
   }
@@ -485,7 +485,8 @@ size_t Allocator::release_cached(size_t want) {
       Block* b = it->second;
       // A block whose eviction was cancelled is referenced by that batch
       // until it finishes.
-      if (b->where != Block::Where::kDevice || d_.cuMemUnmap(b->ptr, b->cap) != CUDA_SUCCESS) {
+      if (b->where != Block::Where::kDevice ||
+          CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
         ++it;
         continue;
       }
@@ -515,8 +516,8 @@ size_t Allocator::evict_for(size_t want) {
 }
 
 CUresult Allocator::order_after(CUstream waiter, CUstream s) {
-  CUresult r = d_.cuEventRecord(ev_.get(), s);
-  if (r == CUDA_SUCCESS) r = d_.cuStreamWaitEvent(waiter, ev_.get(), 0);
+  CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
+  if (r == CUDA_SUCCESS) r = CU_CALL(d_, cuStreamWaitEvent, waiter, ev_.get(), 0);
   return r;
 }
 
@@ -528,8 +529,8 @@ CUresult Allocator::order_after_users(CUstream waiter, const Block* b) {
 }
 
 CUresult Allocator::drain(CUstream s) {
-  CUresult r = d_.cuEventRecord(ev_.get(), s);
-  if (r == CUDA_SUCCESS) r = d_.cuEventSynchronize(ev_.get());
+  CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
+  if (r == CUDA_SUCCESS) r = CU_CALL(d_, cuEventSynchronize, ev_.get());
   return r;
 }
 
@@ -571,9 +572,10 @@ std::vector<Allocator::Block*> Allocator::start_evictions(const std::vector<Bloc
       break;
     }
     if ((r = order_after_users(d2h_.get(), b)) != CUDA_SUCCESS ||
-        (r = d_.cuMemcpyDtoDAsync(scratch, b->ptr, b->size, d2h_.get())) != CUDA_SUCCESS) {
+        (r = CU_CALL(d_, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, d2h_.get())) !=
+            CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
-      d_.cuMemUnmap(scratch, b->cap);
+      CU_CALL(d_, cuMemUnmap, scratch, b->cap);
       arena_.give(scratch, b->cap);
       host_.give(h, b->cap);
       ++s_.evictions_failed;
@@ -597,9 +599,10 @@ size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copi
   // memory, still mapped and intact, stays.
   size_t freed = 0;
   for (Block* b : started) {
-    const bool scratch_unmapped = d_.cuMemUnmap(b->scratch, b->cap) == CUDA_SUCCESS;
+    const bool scratch_unmapped = CU_CALL(d_, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS;
     bool swapped = false;
-    if (copied && scratch_unmapped && !b->cancel && d_.cuMemUnmap(b->ptr, b->cap) == CUDA_SUCCESS) {
+    if (copied && scratch_unmapped && !b->cancel &&
+        CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
       swapped = map_rw(d_, b->ptr, b->cap, b->host, o_.device) == CUDA_SUCCESS;
       if (!swapped) map_rw(d_, b->ptr, b->cap, b->dev, o_.device);  // put the device memory back
     }
@@ -699,10 +702,10 @@ CUresult Allocator::restore_block(Block* b) {
   // The host copy may have been written through its mapping by work queued
   // on any stream that uses the block: copy after all of it.
   if ((r = order_after_users(h2d_.get(), b)) == CUDA_SUCCESS &&
-      (r = d_.cuMemcpyDtoDAsync(scratch, b->ptr, b->size, h2d_.get())) == CUDA_SUCCESS)
+      (r = CU_CALL(d_, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, h2d_.get())) == CUDA_SUCCESS)
     r = drain(h2d_.get());
-  bool ok = r == CUDA_SUCCESS && d_.cuMemUnmap(scratch, b->cap) == CUDA_SUCCESS;
-  bool unmapped = ok && d_.cuMemUnmap(b->ptr, b->cap) == CUDA_SUCCESS;
+  bool ok = r == CUDA_SUCCESS && CU_CALL(d_, cuMemUnmap, scratch, b->cap) == CUDA_SUCCESS;
+  bool unmapped = ok && CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
   if (unmapped && (r = map_rw(d_, b->ptr, b->cap, h, o_.device)) == CUDA_SUCCESS) {
     arena_.give(scratch, b->cap);
     host_.give(b->host, b->cap);
@@ -715,7 +718,7 @@ CUresult Allocator::restore_block(Block* b) {
   }
   // Roll back: the host copy stays mapped at the block's address.
   if (unmapped) map_rw(d_, b->ptr, b->cap, b->host, o_.device);
-  if (!ok) d_.cuMemUnmap(scratch, b->cap);
+  if (!ok) CU_CALL(d_, cuMemUnmap, scratch, b->cap);
   arena_.give(scratch, b->cap);
   dev_.give(h, b->cap);
   log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
@@ -740,9 +743,9 @@ void Allocator::background_loop() {
     if (resident() <= high) continue;
     std::vector<Block*> started = start_evictions(choose_victims(resident() - low));
     if (started.empty()) continue;
-    bool copied = d_.cuEventRecord(bg_ev_.get(), d2h_.get()) == CUDA_SUCCESS;
+    bool copied = CU_CALL(d_, cuEventRecord, bg_ev_.get(), d2h_.get()) == CUDA_SUCCESS;
     lk.unlock();  // the copies run without the lock: allocations go on
-    copied = copied && d_.cuEventSynchronize(bg_ev_.get()) == CUDA_SUCCESS;
+    copied = copied && CU_CALL(d_, cuEventSynchronize, bg_ev_.get()) == CUDA_SUCCESS;
     if (o_.before_swap) o_.before_swap();
     lk.lock();
     finish_evictions(started, copied);

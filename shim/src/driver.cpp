@@ -4,6 +4,8 @@
 
 #include <mutex>
 
+#include "log.h"
+
 namespace spillway::cu {
 namespace {
 
@@ -67,6 +69,10 @@ std::string describe(const Driver& d, CUresult r) {
   std::string out = name;
   if (d.cuGetErrorString(r, &text) == CUDA_SUCCESS && text) out += std::string(" (") + text + ")";
   return out;
+}
+
+void log_failure(const Driver& d, const std::string& call, CUresult r) {
+  log::warn("{} failed: {}", call, describe(d, r));
 }
 
 }  // namespace spillway::cu

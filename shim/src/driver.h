@@ -6,7 +6,10 @@
 
 #include <cuda.h>
 
+#include <fmt/format.h>
+
 #include <string>
+#include <type_traits>
 
 namespace spillway::cu {
 
@@ -31,4 +34,39 @@ const Driver* load(std::string* why);
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)", or the number if unknown.
 std::string describe(const Driver& d, CUresult r);
 
+// Logs a failed call as "cuMemMap(0x7f.., 2097152, 0, 0xa110c003, 0) failed:
+// CUDA_ERROR_INVALID_VALUE (invalid value)" and returns its result.
+void log_failure(const Driver& d, const std::string& call, CUresult r);
+
+// Pointers and device addresses print in hex, other values as they are.
+// (CUdeviceptr is an integer: values past 2^40, far above any size spillway
+// passes, are taken to be addresses.)
+template <class T>
+std::string loggable(T v) {
+  if constexpr (std::is_pointer_v<T>) {
+    return fmt::format("{}", static_cast<const void*>(v));
+  } else if constexpr (std::is_integral_v<T>) {
+    const bool address = sizeof(T) == 8 && static_cast<uint64_t>(v) >= (uint64_t{1} << 40);
+    return address ? fmt::format("{:#x}", v) : fmt::format("{}", v);
+  } else {
+    return fmt::format("{}", v);
+  }
+}
+
+template <class... A>
+CUresult checked(const Driver& d, const char* name, CUresult r, A... args) {
+  if (r != CUDA_SUCCESS) {
+    std::string call = std::string(name) + "(";
+    ((call += fmt::format("{}, ", loggable(args))), ...);
+    if (sizeof...(A)) call.resize(call.size() - 2);
+    log_failure(d, call + ")", r);
+  }
+  return r;
+}
+
 }  // namespace spillway::cu
+
+// A driver call whose failure is logged with its arguments.
+#define CU_CALL(d, fn, ...) ::spillway::cu::checked((d), #fn, (d).fn(__VA_ARGS__), __VA_ARGS__)
+
+namespace spillway::cu {}  // namespace spillway::cu

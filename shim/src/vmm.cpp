@@ -3,13 +3,13 @@
 namespace spillway {
 
 VaArena::~VaArena() {
-  if (size_) d_.cuMemAddressFree(base_, size_);
+  if (size_) CU_CALL(d_, cuMemAddressFree, base_, size_);
 }
 
 CUresult VaArena::reserve(size_t bytes) {
   bytes = (bytes + granule_ - 1) / granule_ * granule_;
   CUdeviceptr p = 0;
-  CUresult r = d_.cuMemAddressReserve(&p, bytes, granule_, 0, 0);
+  CUresult r = CU_CALL(d_, cuMemAddressReserve, &p, bytes, granule_, 0, 0);
   if (r != CUDA_SUCCESS) return r;
   base_ = p;
   size_ = bytes;
@@ -75,7 +75,7 @@ CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out) {
     pooled_ -= size;
     return CUDA_SUCCESS;
   }
-  CUresult r = d_.cuMemCreate(out, size, &prop_, 0);
+  CUresult r = CU_CALL(d_, cuMemCreate, out, size, &prop_, 0);
   if (r != CUDA_SUCCESS) return r;
   held_ += size;
   ++creates_;
@@ -93,7 +93,7 @@ size_t PhysPool::trim(size_t want, size_t keep) {
     auto& v = it->second;
     const size_t floor = it->first == keep ? 1 : 0;
     while (v.size() > floor && freed < want) {
-      d_.cuMemRelease(v.back());
+      CU_CALL(d_, cuMemRelease, v.back());
       v.pop_back();
       freed += it->first;
     }
@@ -106,14 +106,14 @@ size_t PhysPool::trim(size_t want, size_t keep) {
 
 CUresult map_rw(const cu::Driver& d, uintptr_t va, size_t size, CUmemGenericAllocationHandle h,
                 int device) {
-  CUresult r = d.cuMemMap(va, size, 0, h, 0);
+  CUresult r = CU_CALL(d, cuMemMap, va, size, 0, h, 0);
   if (r != CUDA_SUCCESS) return r;
   CUmemAccessDesc acc{};
   acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   acc.location.id = device;
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = d.cuMemSetAccess(va, size, &acc, 1);
-  if (r != CUDA_SUCCESS) d.cuMemUnmap(va, size);
+  r = CU_CALL(d, cuMemSetAccess, va, size, &acc, 1);
+  if (r != CUDA_SUCCESS) CU_CALL(d, cuMemUnmap, va, size);
   return r;
 }
 
