@@ -47,6 +47,7 @@ size_t slack(size_t cap, size_t granule) {
 
 std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const AllocatorOptions& o,
                                              std::string* why) {
+  InternalCalls internal;
   std::unique_ptr<Allocator> a(new Allocator(d, o));
   if (!a->ensure_context()) {
     *why = "no CUDA context for device " + std::to_string(o.device);
@@ -115,6 +116,7 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
       chooser_(std::make_unique<policy::LruChooser>()) {}
 
 Allocator::~Allocator() {
+  InternalCalls internal;
   if (bg_.joinable()) {
     {
       std::lock_guard lk(mu_);
@@ -181,6 +183,7 @@ void Allocator::note_live(Block* b, size_t size, CUstream stream) {
 }
 
 void* Allocator::malloc(size_t size, CUstream stream) {
+  InternalCalls internal;
   if (size == 0) return nullptr;
   std::lock_guard lk(mu_);
   if (!pending_.empty()) process_pending();
@@ -358,6 +361,7 @@ Allocator::Block* Allocator::find_live(uintptr_t p) {
 }
 
 void Allocator::free(void* ptr, size_t size, CUstream stream) {
+  InternalCalls internal;
   if (!ptr) return;
   std::lock_guard lk(mu_);
   Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
@@ -632,6 +636,7 @@ size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copi
 }
 
 CUresult Allocator::evict(const void* ptr) {
+  InternalCalls internal;
   std::lock_guard lk(mu_);
   Block* b = find_live(reinterpret_cast<uintptr_t>(ptr));
   if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
@@ -644,6 +649,7 @@ CUresult Allocator::evict(const void* ptr) {
 }
 
 CUresult Allocator::restore(const void* ptr, CUstream stream) {
+  InternalCalls internal;
   std::lock_guard lk(mu_);
   Block* b = owner_of(reinterpret_cast<uintptr_t>(ptr));
   if (!b || !b->live) return CUDA_ERROR_INVALID_VALUE;
@@ -666,6 +672,44 @@ void Allocator::note_use(const void* ptr, CUstream stream) {
   std::lock_guard lk(mu_);
   Block* b = owner_of(reinterpret_cast<uintptr_t>(ptr));
   if (b && b->live) note_user(b, stream);
+}
+
+void Allocator::before_use(const Touch* touches, size_t n, CUstream stream) {
+  InternalCalls internal;
+  std::lock_guard lk(mu_);
+  auto use = [&](Block* b) {
+    note_user(b, stream);
+    b->last_use = ++tick_;
+    if (b->where == Block::Where::kEvicting) {
+      b->cancel = true;  // its device memory is still mapped and current
+    } else if (b->where == Block::Where::kHost) {
+      // Contract 1: restored before the work is queued (the caller is about
+      // to queue it). On failure the host copy stays mapped: slow, correct.
+      if (!ensure_context() || restore_block(b) != CUDA_SUCCESS)
+        log::warn("on-demand restore of {:#x} failed: it is used from host memory", b->ptr);
+      s_.resident_bytes = resident();
+      s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Touch& t = touches[i];
+    if (!arena_.contains(t.lo)) continue;
+    // Large blocks: every block any granule of the range belongs to.
+    const size_t first = (t.lo - arena_.base()) / granule_;
+    const size_t last =
+        (std::min<uintptr_t>(t.hi, arena_.base() + arena_.size()) - 1 - arena_.base()) / granule_;
+    bool any = false;
+    for (size_t g = first; g <= last; ++g) {
+      Block* b = owners_[g];
+      if (!b) continue;
+      any = true;
+      if (b->live) use(b);
+      g = (b->ptr + b->cap - arena_.base()) / granule_ - 1;  // skip to its end
+    }
+    // Small blocks: known by their start address only.
+    if (!any)
+      if (Block* b = find_live(t.lo)) note_user(b, stream);
+  }
 }
 
 Allocator::Residency Allocator::residency(const void* ptr) {
@@ -726,6 +770,7 @@ CUresult Allocator::restore_block(Block* b) {
 }
 
 void Allocator::background_loop() {
+  InternalCalls internal;
   // The high/low watermarks keep a little headroom free ahead of need, so
   // that allocations rarely wait for an eviction copy themselves.
   const uint64_t high = o_.gpu_budget - std::max<uint64_t>(granule_, o_.gpu_budget / 20);

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "access_sink.h"
 #include "cu_raii.h"
 #include "driver.h"
 #include "stats.h"
@@ -52,12 +53,12 @@ struct AllocatorOptions {
   std::function<void()> before_swap;
 };
 
-class Allocator {
+class Allocator final : public AccessSink {
  public:
   // Returns nullptr (and why) if the VA arena or copy streams cannot be set up.
   static std::unique_ptr<Allocator> create(const cu::Driver& d, const AllocatorOptions& o,
                                            std::string* why);
-  ~Allocator();
+  ~Allocator() override;
 
   void* malloc(size_t size, CUstream stream);
   // Refuses (logs, changes nothing) a pointer that is not a live allocation
@@ -73,6 +74,10 @@ class Allocator {
   // stream's work (what record_stream does, which a pluggable allocator never
   // receives).
   void note_use(const void* ptr, CUstream stream);
+
+  // AccessSink: the tracker reports every launch, copy and set here.
+  bool may_own(uintptr_t p) const override { return arena_.contains(p); }
+  void before_use(const Touch* touches, size_t n, CUstream stream) override;
 
   enum class Residency { kUnknown, kDevice, kEvicting, kHost };
   Residency residency(const void* ptr);

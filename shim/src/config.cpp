@@ -83,6 +83,22 @@ std::string set_stats_file(const std::string& v, Config* c) {
   return {};
 }
 
+std::string set_cupti(const std::string& v, Config* c) {
+  if (v == "auto")
+    c->cupti = true;
+  else if (v == "off")
+    c->cupti = false;
+  else
+    return "auto (track accesses through CUPTI when it can be had) or off";
+  return {};
+}
+
+std::string set_cupti_path(const std::string& v, Config* c) {
+  if (v.empty()) return "a path to libcupti.so";
+  c->cupti_path = v;
+  return {};
+}
+
 const std::vector<Variable>& variables() {
   static const std::vector<Variable> kVars = {
       {"SPILLWAY_MODE", set_mode},
@@ -92,6 +108,8 @@ const std::vector<Variable>& variables() {
       {"SPILLWAY_LOG_LEVEL", set_log_level},
       {"SPILLWAY_LOG_FILE", set_log_file},
       {"SPILLWAY_STATS", set_stats_file},
+      {"SPILLWAY_CUPTI", set_cupti},
+      {"SPILLWAY_CUPTI_PATH", set_cupti_path},
   };
   return kVars;
 }

@@ -33,6 +33,8 @@ struct Config {
   LogLevel log_level = LogLevel::kInfo;
   std::string log_file;  // empty: stderr
   std::string stats_file;
+  bool cupti = true;       // SPILLWAY_CUPTI=auto (true) | off
+  std::string cupti_path;  // empty: libcupti.so.13 from the library path
 };
 
 // Default headroom left to the CUDA context, libraries and other processes

@@ -67,9 +67,46 @@ void Runtime::start() {
     log::error("cuInit failed: {}", cu::describe(*driver_, r));
     driver_ = nullptr;
   }
+  if (driver_ && cfg_.mode == Mode::kHost) start_tracking();
   std::atexit([] {
     if (Runtime* rt = peek()) rt->report_at_exit();
   });
+}
+
+void Runtime::start_tracking() {
+  std::string why;
+  if (!cfg_.cupti) {
+    why = "SPILLWAY_CUPTI=off";
+  } else if (const cupti::Api* api = cupti::load(cfg_.cupti_path, &why)) {
+    tracker_ = Tracker::start(*api, *driver_, *this, &why);
+  }
+  if (tracker_) return;
+  // Contract 4: a safer mode, one clear warning. Evicted blocks stay mapped
+  // at their addresses, so unseen reads are slow but correct.
+  blind_ = true;
+  log::warn(
+      "running without access tracking ({}): evicted blocks are read over the link until "
+      "restored, and eviction ahead of need is off",
+      why);
+}
+
+bool Runtime::may_own(uintptr_t p) const {
+  const size_t n = active_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i) {
+    Allocator* a = active_[i].load(std::memory_order_acquire);
+    if (a && a->may_own(p)) return true;
+  }
+  return false;
+}
+
+void Runtime::before_use(const Touch* touches, size_t n, CUstream stream) {
+  const size_t count = active_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < count; ++i) {
+    Allocator* a = active_[i].load(std::memory_order_acquire);
+    if (!a) continue;
+    for (size_t t = 0; t < n; ++t)
+      if (a->may_own(touches[t].lo)) a->before_use(&touches[t], 1, stream);
+  }
 }
 
 Allocator* Runtime::allocator(int device) {
@@ -98,6 +135,8 @@ Allocator* Runtime::allocator(int device) {
   o.device = device;
   o.min_block = cfg_.min_block;
   o.evict = cfg_.mode == Mode::kHost;
+  // Evicting ahead of need is safe only when every access is seen.
+  o.background = tracker_ != nullptr;
   o.gpu_budget = cfg_.mode == Mode::kOff ? 0
                  : cfg_.gpu_budget.set   ? cfg_.gpu_budget.resolve(total)
                                          : default_gpu_budget(total);
@@ -113,12 +152,19 @@ Allocator* Runtime::allocator(int device) {
   }
   log::debug("device {}: budget {} bytes of {}, host budget {} bytes", device, o.gpu_budget, total,
              o.host_budget);
+  if (i < kMaxDevices) {
+    active_[i].store(allocators_[i].get(), std::memory_order_release);
+    size_t cur = active_count_.load();
+    while (cur < i + 1 && !active_count_.compare_exchange_weak(cur, i + 1)) {
+    }
+  }
   return allocators_[i].get();
 }
 
 Stats Runtime::stats() {
   Stats sum;
   sum.ooms = unserved_.load(std::memory_order_relaxed);
+  sum.blind = blind_ ? 1 : 0;
   std::lock_guard lk(mu_);
   for (auto& a : allocators_) {
     if (!a) continue;

@@ -9,13 +9,17 @@
 #include <mutex>
 #include <vector>
 
+#include <array>
+
+#include "access_sink.h"
 #include "allocator.h"
+#include "tracker.h"
 #include "config.h"
 #include "driver.h"
 
 namespace spillway {
 
-class Runtime {
+class Runtime final : public AccessSink {
  public:
   // The runtime, started on first use. A bad configuration ends the process
   // with a message; a missing driver leaves a runtime that allocates nothing.
@@ -32,16 +36,27 @@ class Runtime {
   uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
   const Config& config() const { return cfg_; }
 
+  // AccessSink: the tracker's reports go to the allocator of the device that
+  // owns the address.
+  bool may_own(uintptr_t p) const override;
+  void before_use(const Touch* touches, size_t n, CUstream stream) override;
+
  private:
   Runtime() = default;
   void start();
   void report_at_exit();
+  void start_tracking();
 
   Config cfg_;
   const cu::Driver* driver_ = nullptr;
   std::mutex mu_;
   std::vector<std::unique_ptr<Allocator>> allocators_;
   std::vector<bool> failed_;
+  static constexpr size_t kMaxDevices = 64;
+  std::array<std::atomic<Allocator*>, kMaxDevices> active_{};  // lock-free lookups
+  std::atomic<size_t> active_count_{0};
+  std::unique_ptr<Tracker> tracker_;
+  bool blind_ = false;
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> unserved_{0};
 };

@@ -14,6 +14,7 @@ std::string to_json(const Stats& s, uint64_t steps) {
     out += std::to_string(v);
   };
   add("steps", steps);
+  add("blind", s.blind);
   add("budget_bytes", s.budget_bytes);
   add("host_budget_bytes", s.host_budget_bytes);
   add("resident_bytes", s.resident_bytes);
@@ -52,11 +53,12 @@ std::string summary_line(const Stats& s) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "peak resident %.1f MiB (budget %.1f MiB), evicted %llu blocks / %.1f MiB, "
-                "restored %llu blocks / %.1f MiB, host peak %.1f MiB, %llu OOM",
+                "restored %llu blocks / %.1f MiB, host peak %.1f MiB, %llu OOM%s",
                 mib(s.peak_resident_bytes), mib(s.budget_bytes),
                 static_cast<unsigned long long>(s.blocks_evicted), mib(s.bytes_evicted),
                 static_cast<unsigned long long>(s.blocks_restored), mib(s.bytes_restored),
-                mib(s.peak_host_bytes), static_cast<unsigned long long>(s.ooms));
+                mib(s.peak_host_bytes), static_cast<unsigned long long>(s.ooms),
+                s.blind ? ", access tracking blind" : "");
   return buf;
 }
 

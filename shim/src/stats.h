@@ -8,6 +8,7 @@
 namespace spillway {
 
 struct Stats {
+  uint64_t blind = 0;  // 1: no access tracking (no CUPTI, or another subscriber)
   uint64_t budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   uint64_t resident_bytes = 0;  // device physical memory held now
