@@ -200,9 +200,23 @@ void* Allocator::malloc(size_t size, CUstream stream) {
 
 void* Allocator::malloc_small(size_t size, CUstream stream) {
   const size_t n = round_up(size, kSmallAlign);
-  uintptr_t p = 0;
-  for (Chunk* c : stream_chunks_[stream])
-    if ((p = c->free.take(n))) break;
+  if (auto it = small_cache_.find({stream, n}); it != small_cache_.end() && !it->second.empty()) {
+    Block* b = it->second.back();
+    it->second.pop_back();
+    ++s_.cache_hits;
+    note_live(b, size, stream);
+    return reinterpret_cast<void*>(b->ptr);
+  }
+  auto carve = [&]() -> uintptr_t {
+    for (Chunk* c : stream_chunks_[stream])
+      if (uintptr_t p = c->free.take(n)) return p;
+    return 0;
+  };
+  uintptr_t p = carve();
+  if (!p && !small_cache_.empty()) {
+    flush_small_cache();  // coalesce what other sizes left behind first
+    p = carve();
+  }
   if (p) {
     ++s_.cache_hits;
   } else {
@@ -215,6 +229,16 @@ void* Allocator::malloc_small(size_t size, CUstream stream) {
   b->cap = n;
   note_live(b, size, stream);
   return reinterpret_cast<void*>(p);
+}
+
+void Allocator::flush_small_cache() {
+  for (auto& [key, v] : small_cache_) {
+    for (Block* b : v) {
+      chunk_of(b->ptr)->free.give(b->ptr, b->cap);
+      spare_.push_back(b);
+    }
+  }
+  small_cache_.clear();
 }
 
 Allocator::Chunk* Allocator::new_chunk(size_t at_least, CUstream stream) {
@@ -249,6 +273,7 @@ Allocator::Chunk* Allocator::chunk_of(uintptr_t p) {
 }
 
 size_t Allocator::release_free_chunks(size_t want) {
+  flush_small_cache();  // cached small blocks keep their chunks busy
   size_t freed = 0;
   for (auto& [stream, v] : stream_chunks_) {
     bool drained = false;
@@ -410,8 +435,7 @@ void Allocator::make_reusable(Block* b) {
   if (b->large) {
     cached_large_[b->stream].emplace(b->cap, b);
   } else {
-    chunk_of(b->ptr)->free.give(b->ptr, b->cap);
-    spare_.push_back(b);
+    small_cache_[{b->stream, b->cap}].push_back(b);
   }
 }
 

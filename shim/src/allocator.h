@@ -176,6 +176,21 @@ class Allocator final : public AccessSink {
   };
   std::map<uintptr_t, std::unique_ptr<Chunk>> chunks_;  // by base address
   std::map<CUstream, std::vector<Chunk*>> stream_chunks_;
+  // Freed small blocks by (stream, size): a repeated step reuses them in
+  // O(1). Given back to their chunks (to coalesce) before a new chunk is
+  // made or chunks are released.
+  struct SmallKey {
+    CUstream stream;
+    size_t size;
+    bool operator==(const SmallKey&) const = default;
+  };
+  struct SmallKeyHash {
+    size_t operator()(const SmallKey& k) const {
+      return std::hash<const void*>()(k.stream) ^ (k.size * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  std::unordered_map<SmallKey, std::vector<Block*>, SmallKeyHash> small_cache_;
+  void flush_small_cache();
   Chunk* new_chunk(size_t at_least, CUstream stream);
   Chunk* chunk_of(uintptr_t p);
   size_t release_free_chunks(size_t want);

@@ -111,6 +111,10 @@ void Runtime::before_use(const Touch* touches, size_t n, CUstream stream) {
 
 Allocator* Runtime::allocator(int device) {
   if (device < 0 || device > 1023) return nullptr;
+  // Every malloc and free comes here: the common case takes no lock.
+  if (static_cast<size_t>(device) < kMaxDevices)
+    if (Allocator* a = active_[static_cast<size_t>(device)].load(std::memory_order_acquire))
+      return a;
   std::lock_guard lk(mu_);
   const size_t i = static_cast<size_t>(device);
   if (i < allocators_.size() && allocators_[i]) return allocators_[i].get();
