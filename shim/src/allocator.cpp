@@ -315,22 +315,25 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
 }
 
 Allocator::Block* Allocator::take_cached(size_t cap, CUstream stream) {
-  auto take_from = [&](std::multimap<size_t, Block*>& m) -> Block* {
-    auto it = m.lower_bound(cap);
-    if (it == m.end() || it->first > cap + slack(cap, granule_)) return nullptr;
-    Block* b = it->second;
-    m.erase(it);
-    return b;
+  const size_t limit = cap + slack(cap, granule_);
+  auto take_from = [&](SizeLists& m) -> Block* {
+    for (auto it = m.lower_bound(cap); it != m.end() && it->first <= limit; ++it) {
+      if (it->second.empty()) continue;
+      Block* b = it->second.back();
+      it->second.pop_back();
+      return b;
+    }
+    return nullptr;
   };
   if (auto it = cached_large_.find(stream); it != cached_large_.end())
     if (Block* b = take_from(it->second)) return b;
   // Another stream's free block: usable once this stream is ordered after all
   // the work the freeing stream had queued (contract 3).
   for (auto& [other, m] : cached_large_) {
-    if (other == stream || m.empty()) continue;
+    if (other == stream) continue;
     if (Block* b = take_from(m)) {
       if (order_after(stream, other) == CUDA_SUCCESS) return b;
-      m.emplace(b->cap, b);  // could not order: leave it where it was
+      m[b->cap].push_back(b);  // could not order: leave it where it was
     }
   }
   return nullptr;
@@ -433,7 +436,7 @@ void Allocator::make_reusable(Block* b) {
   // The block returns to its allocation stream, whatever stream freed it:
   // that is the stream its last uses are ordered on.
   if (b->large) {
-    cached_large_[b->stream].emplace(b->cap, b);
+    cached_large_[b->stream][b->cap].push_back(b);
   } else {
     small_cache_[{b->stream, b->cap}].push_back(b);
   }
@@ -507,24 +510,29 @@ size_t Allocator::release_cached(size_t want) {
   // then free blocks and wholly free small chunks are unmapped.
   size_t freed = release_free_chunks(want);
   for (auto& [stream, m] : cached_large_) {
-    if (freed >= want || m.empty()) continue;
-    if (drain(stream) != CUDA_SUCCESS) continue;
-    for (auto it = m.begin(); it != m.end() && freed < want;) {
-      Block* b = it->second;
-      // A block whose eviction was cancelled is referenced by that batch
-      // until it finishes.
-      if (b->where != Block::Where::kDevice ||
-          CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
-        ++it;
-        continue;
+    if (freed >= want) break;
+    bool any = false;
+    for (auto& [cap, v] : m) any = any || !v.empty();
+    if (!any || drain(stream) != CUDA_SUCCESS) continue;
+    for (auto& [cap, v] : m) {
+      for (size_t i = 0; i < v.size() && freed < want;) {
+        Block* b = v[i];
+        // A block whose eviction was cancelled is referenced by that batch
+        // until it finishes.
+        if (b->where != Block::Where::kDevice ||
+            CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
+          ++i;
+          continue;
+        }
+        arena_.give(b->ptr, b->cap);
+        dev_.give(b->dev, b->cap);
+        forget_owner(b);
+        freed += b->cap;
+        ++s_.cached_releases;
+        spare_.push_back(b);
+        v[i] = v.back();
+        v.pop_back();
       }
-      arena_.give(b->ptr, b->cap);
-      dev_.give(b->dev, b->cap);
-      forget_owner(b);
-      freed += b->cap;
-      ++s_.cached_releases;
-      spare_.push_back(b);
-      it = m.erase(it);
     }
   }
   return freed;

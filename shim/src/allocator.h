@@ -161,7 +161,10 @@ class Allocator final : public AccessSink {
 
   std::unordered_map<uintptr_t, Block*> live_;  // by pointer
   // Free large blocks by stream, then capacity (best fit).
-  std::map<CUstream, std::multimap<size_t, Block*>> cached_large_;
+  // (Keys stay when their vector empties: a repeated step reuses the vector,
+  // so taking and returning a block allocates nothing.)
+  using SizeLists = std::map<size_t, std::vector<Block*>>;
+  std::map<CUstream, SizeLists> cached_large_;
   std::vector<std::unique_ptr<Block>> blocks_;  // owns every block
   std::vector<Block*> spare_;                   // Block objects not in use
 
