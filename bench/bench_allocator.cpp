@@ -46,9 +46,9 @@ constexpr int kDevice = 0;
 // Every driver entry point spillway can call (the list the shim builds its
 // driver table from).
 constexpr const char* kEntryPoints[] = {
-#define SPILLWAY_DRIVER_ENTRY(name) #name,
+#define DRIVER_ENTRY_POINT(name) #name,
 #include "driver_entry_points.def"
-#undef SPILLWAY_DRIVER_ENTRY
+#undef DRIVER_ENTRY_POINT
 };
 
 // Set when any benchmark fails, so the run exits non-zero.

@@ -20,14 +20,14 @@ const Api* load(const std::string& path, std::string* why) {
       return;
     }
     bool ok = true;
-#define SPILLWAY_CUPTI_ENTRY(name)                                  \
+#define CUPTI_ENTRY_POINT(name)                                  \
   api.name = reinterpret_cast<decltype(api.name)>(dlsym(h, #name)); \
   if (!api.name && ok) {                                            \
     ok = false;                                                     \
     reason = lib + " has no " #name;                                \
   }
 #include "cupti_entry_points.def"
-#undef SPILLWAY_CUPTI_ENTRY
+#undef CUPTI_ENTRY_POINT
     if (ok) loaded = &api;
   });
   if (!loaded && why) *why = reason;

@@ -9,9 +9,9 @@
 namespace spillway::cupti {
 
 struct Api {
-#define SPILLWAY_CUPTI_ENTRY(name) decltype(&::name) name = nullptr;
+#define CUPTI_ENTRY_POINT(name) decltype(&::name) name = nullptr;
 #include "cupti_entry_points.def"
-#undef SPILLWAY_CUPTI_ENTRY
+#undef CUPTI_ENTRY_POINT
 };
 
 // Loads `path` (default "libcupti.so.13"). nullptr and a reason on failure.

@@ -145,62 +145,62 @@ void Tracker::on_driver_call(CUpti_CallbackId cbid, const void* p) {
   }
     // Copies and sets: the device-side ranges, on the call's stream (the
     // legacy default stream, or the thread's own for _ptds/_ptsz, when none).
-#define SPILLWAY_COPY(id, type, dst, src, stream_expr)                 \
+#define TRACK_COPY(id, type, dst, src, stream_expr)                    \
   case CUPTI_DRIVER_TRACE_CBID_##id: {                                 \
     auto* a = static_cast<const type*>(p);                             \
     Touch t[2] = {range(dst, a->ByteCount), range(src, a->ByteCount)}; \
     return report(t, 2, stream_expr);                                  \
   }
-#define SPILLWAY_SET(id, type, elem, stream_expr)      \
+#define TRACK_SET(id, type, elem, stream_expr)         \
   case CUPTI_DRIVER_TRACE_CBID_##id: {                 \
     auto* a = static_cast<const type*>(p);             \
     Touch t[1] = {range(a->dstDevice, a->N * (elem))}; \
     return report(t, 1, stream_expr);                  \
   }
   switch (cbid) {
-    SPILLWAY_COPY(cuMemcpy, cuMemcpy_params, a->dst, a->src, nullptr)
-    SPILLWAY_COPY(cuMemcpy_ptds, cuMemcpy_ptds_params, a->dst, a->src, CU_STREAM_PER_THREAD)
-    SPILLWAY_COPY(cuMemcpyAsync, cuMemcpyAsync_params, a->dst, a->src, a->hStream)
-    SPILLWAY_COPY(cuMemcpyAsync_ptsz, cuMemcpyAsync_ptsz_params, a->dst, a->src,
-                  per_thread(a->hStream))
-    SPILLWAY_COPY(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_params, a->dstDevice, a->dstDevice, nullptr)
-    SPILLWAY_COPY(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2_ptds_params, a->dstDevice, a->dstDevice,
-                  CU_STREAM_PER_THREAD)
-    SPILLWAY_COPY(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_params, a->srcDevice, a->srcDevice, nullptr)
-    SPILLWAY_COPY(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2_ptds_params, a->srcDevice, a->srcDevice,
-                  CU_STREAM_PER_THREAD)
-    SPILLWAY_COPY(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_params, a->dstDevice, a->srcDevice, nullptr)
-    SPILLWAY_COPY(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2_ptds_params, a->dstDevice, a->srcDevice,
-                  CU_STREAM_PER_THREAD)
-    SPILLWAY_COPY(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_params, a->dstDevice, a->dstDevice,
-                  a->hStream)
-    SPILLWAY_COPY(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2_ptsz_params, a->dstDevice,
-                  a->dstDevice, per_thread(a->hStream))
-    SPILLWAY_COPY(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_params, a->srcDevice, a->srcDevice,
-                  a->hStream)
-    SPILLWAY_COPY(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2_ptsz_params, a->srcDevice,
-                  a->srcDevice, per_thread(a->hStream))
-    SPILLWAY_COPY(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_params, a->dstDevice, a->srcDevice,
-                  a->hStream)
-    SPILLWAY_COPY(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2_ptsz_params, a->dstDevice,
-                  a->srcDevice, per_thread(a->hStream))
-    SPILLWAY_SET(cuMemsetD8_v2, cuMemsetD8_v2_params, 1, nullptr)
-    SPILLWAY_SET(cuMemsetD8_v2_ptds, cuMemsetD8_v2_ptds_params, 1, CU_STREAM_PER_THREAD)
-    SPILLWAY_SET(cuMemsetD16_v2, cuMemsetD16_v2_params, 2, nullptr)
-    SPILLWAY_SET(cuMemsetD16_v2_ptds, cuMemsetD16_v2_ptds_params, 2, CU_STREAM_PER_THREAD)
-    SPILLWAY_SET(cuMemsetD32_v2, cuMemsetD32_v2_params, 4, nullptr)
-    SPILLWAY_SET(cuMemsetD32_v2_ptds, cuMemsetD32_v2_ptds_params, 4, CU_STREAM_PER_THREAD)
-    SPILLWAY_SET(cuMemsetD8Async, cuMemsetD8Async_params, 1, a->hStream)
-    SPILLWAY_SET(cuMemsetD8Async_ptsz, cuMemsetD8Async_ptsz_params, 1, per_thread(a->hStream))
-    SPILLWAY_SET(cuMemsetD16Async, cuMemsetD16Async_params, 2, a->hStream)
-    SPILLWAY_SET(cuMemsetD16Async_ptsz, cuMemsetD16Async_ptsz_params, 2, per_thread(a->hStream))
-    SPILLWAY_SET(cuMemsetD32Async, cuMemsetD32Async_params, 4, a->hStream)
-    SPILLWAY_SET(cuMemsetD32Async_ptsz, cuMemsetD32Async_ptsz_params, 4, per_thread(a->hStream))
+    TRACK_COPY(cuMemcpy, cuMemcpy_params, a->dst, a->src, nullptr)
+    TRACK_COPY(cuMemcpy_ptds, cuMemcpy_ptds_params, a->dst, a->src, CU_STREAM_PER_THREAD)
+    TRACK_COPY(cuMemcpyAsync, cuMemcpyAsync_params, a->dst, a->src, a->hStream)
+    TRACK_COPY(cuMemcpyAsync_ptsz, cuMemcpyAsync_ptsz_params, a->dst, a->src,
+               per_thread(a->hStream))
+    TRACK_COPY(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_params, a->dstDevice, a->dstDevice, nullptr)
+    TRACK_COPY(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2_ptds_params, a->dstDevice, a->dstDevice,
+               CU_STREAM_PER_THREAD)
+    TRACK_COPY(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_params, a->srcDevice, a->srcDevice, nullptr)
+    TRACK_COPY(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2_ptds_params, a->srcDevice, a->srcDevice,
+               CU_STREAM_PER_THREAD)
+    TRACK_COPY(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_params, a->dstDevice, a->srcDevice, nullptr)
+    TRACK_COPY(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2_ptds_params, a->dstDevice, a->srcDevice,
+               CU_STREAM_PER_THREAD)
+    TRACK_COPY(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_params, a->dstDevice, a->dstDevice,
+               a->hStream)
+    TRACK_COPY(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2_ptsz_params, a->dstDevice,
+               a->dstDevice, per_thread(a->hStream))
+    TRACK_COPY(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_params, a->srcDevice, a->srcDevice,
+               a->hStream)
+    TRACK_COPY(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2_ptsz_params, a->srcDevice,
+               a->srcDevice, per_thread(a->hStream))
+    TRACK_COPY(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_params, a->dstDevice, a->srcDevice,
+               a->hStream)
+    TRACK_COPY(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2_ptsz_params, a->dstDevice,
+               a->srcDevice, per_thread(a->hStream))
+    TRACK_SET(cuMemsetD8_v2, cuMemsetD8_v2_params, 1, nullptr)
+    TRACK_SET(cuMemsetD8_v2_ptds, cuMemsetD8_v2_ptds_params, 1, CU_STREAM_PER_THREAD)
+    TRACK_SET(cuMemsetD16_v2, cuMemsetD16_v2_params, 2, nullptr)
+    TRACK_SET(cuMemsetD16_v2_ptds, cuMemsetD16_v2_ptds_params, 2, CU_STREAM_PER_THREAD)
+    TRACK_SET(cuMemsetD32_v2, cuMemsetD32_v2_params, 4, nullptr)
+    TRACK_SET(cuMemsetD32_v2_ptds, cuMemsetD32_v2_ptds_params, 4, CU_STREAM_PER_THREAD)
+    TRACK_SET(cuMemsetD8Async, cuMemsetD8Async_params, 1, a->hStream)
+    TRACK_SET(cuMemsetD8Async_ptsz, cuMemsetD8Async_ptsz_params, 1, per_thread(a->hStream))
+    TRACK_SET(cuMemsetD16Async, cuMemsetD16Async_params, 2, a->hStream)
+    TRACK_SET(cuMemsetD16Async_ptsz, cuMemsetD16Async_ptsz_params, 2, per_thread(a->hStream))
+    TRACK_SET(cuMemsetD32Async, cuMemsetD32Async_params, 4, a->hStream)
+    TRACK_SET(cuMemsetD32Async_ptsz, cuMemsetD32Async_ptsz_params, 4, per_thread(a->hStream))
     default:
       return;
   }
-#undef SPILLWAY_COPY
-#undef SPILLWAY_SET
+#undef TRACK_COPY
+#undef TRACK_SET
 }
 
 const Tracker::Layout& Tracker::layout(CUfunction f) {

@@ -46,10 +46,10 @@ void load_once() {
     return true;
   };
   bool ok = true;
-#define SPILLWAY_DRIVER_ENTRY(name) \
+#define DRIVER_ENTRY_POINT(name) \
   ok = resolve(#name, reinterpret_cast<void**>(&g_driver.name)) && ok;
 #include "driver_entry_points.def"
-#undef SPILLWAY_DRIVER_ENTRY
+#undef DRIVER_ENTRY_POINT
   if (ok) g_loaded = &g_driver;
 }
 

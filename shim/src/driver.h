@@ -22,9 +22,9 @@ struct Driver {
   // The member for cuMemcpyHtoDAsync is named (and typed) after the versioned
   // symbol cuda.h maps it to, cuMemcpyHtoDAsync_v2: callers write
   // d.cuMemcpyHtoDAsync(...) and the same macro applies.
-#define SPILLWAY_DRIVER_ENTRY(name) decltype(&::name) name = nullptr;
+#define DRIVER_ENTRY_POINT(name) decltype(&::name) name = nullptr;
 #include "driver_entry_points.def"
-#undef SPILLWAY_DRIVER_ENTRY
+#undef DRIVER_ENTRY_POINT
 };
 
 // Loads the driver once. Returns nullptr (and a reason in *why) if there is

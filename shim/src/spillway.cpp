@@ -8,9 +8,9 @@
 
 using spillway::Runtime;
 
-#define SPILLWAY_EXPORT extern "C" __attribute__((visibility("default")))
+#define ABI_EXPORT extern "C" __attribute__((visibility("default")))
 
-SPILLWAY_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
+ABI_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
   Runtime& rt = Runtime::get();
   spillway::Allocator* a = rt.allocator(device);
   if (a) return a->malloc(size, stream);
@@ -18,17 +18,17 @@ SPILLWAY_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stre
   return nullptr;
 }
 
-SPILLWAY_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* stream) {
+ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* stream) {
   if (!ptr) return;
   spillway::Allocator* a = Runtime::get().allocator(device);
   if (a) a->free(ptr, size, stream);
 }
 
-SPILLWAY_EXPORT void spillway_mark_step(void) {
+ABI_EXPORT void spillway_mark_step(void) {
   Runtime::get().mark_step();
 }
 
-SPILLWAY_EXPORT size_t spillway_stats_json(char* buf, size_t len) {
+ABI_EXPORT size_t spillway_stats_json(char* buf, size_t len) {
   Runtime* rt = Runtime::peek();
   std::string json = rt ? spillway::to_json(rt->stats(), rt->steps()) : spillway::to_json({}, 0);
   if (buf && len > 0) {

@@ -37,15 +37,15 @@ struct DriverEntry {
   void* fn;          // the versioned symbol cuda.h maps it to
 };
 
-#define SPILLWAY_DRIVER_ENTRY(name) {#name, reinterpret_cast<void*>(&name)},
+#define DRIVER_ENTRY_POINT(name) {#name, reinterpret_cast<void*>(&name)},
 const DriverEntry kDriverEntries[] = {
 #include "driver_entry_points.def"
 };
-#undef SPILLWAY_DRIVER_ENTRY
+#undef DRIVER_ENTRY_POINT
 
 // Each entry is a lambda so that a static_assert can check the name is a
 // function cupti.h declares.
-#define SPILLWAY_CUPTI_ENTRY(name)                                                    \
+#define CUPTI_ENTRY_POINT(name)                                                    \
   [] {                                                                                \
     static_assert(std::is_function_v<std::remove_pointer_t<decltype(&name)>>, #name); \
     return #name;                                                                     \
@@ -53,7 +53,7 @@ const DriverEntry kDriverEntries[] = {
 const char* const kCuptiEntries[] = {
 #include "cupti_entry_points.def"
 };
-#undef SPILLWAY_CUPTI_ENTRY
+#undef CUPTI_ENTRY_POINT
 
 constexpr int kCudaVersion = 13000;
 
