@@ -238,11 +238,23 @@ const Tracker::Layout& Tracker::layout(CUfunction f) {
 
 void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUstream stream) {
   launches_.fetch_add(1, std::memory_order_relaxed);
-  std::vector<Touch> found;
+  // On the launch path: no heap allocation. Touches are reported in batches
+  // of a fixed size (a kernel with more pointer arguments just reports twice).
+  constexpr size_t kBatch = 32;
+  Touch found[kBatch];
+  size_t count = 0;
+  auto flush = [&] {
+    if (count == 0) return;
+    touches_.fetch_add(count, std::memory_order_relaxed);
+    sink_.before_use(found, count, stream);
+    count = 0;
+  };
   auto word = [&](const unsigned char* at) {
     uint64_t w;
     std::memcpy(&w, at, 8);
-    if (sink_.may_own(w)) found.push_back({w, w + 1});
+    if (!sink_.may_own(w)) return;
+    found[count++] = {w, w + 1};
+    if (count == kBatch) flush();
   };
   if (extra) {
     const unsigned char* buf = nullptr;
@@ -265,10 +277,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
       for (uint32_t k = (8 - off % 8) % 8; k + 8 <= size; k += 8) word(arg + k);
     }
   }
-  if (!found.empty()) {
-    touches_.fetch_add(found.size(), std::memory_order_relaxed);
-    sink_.before_use(found.data(), found.size(), stream);
-  }
+  flush();
 }
 
 }  // namespace spillway
