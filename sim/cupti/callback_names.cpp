@@ -28,6 +28,10 @@ const char* driver_api_name(uint32_t cbid) {
   return find_name(kDriverNames, cbid);
 }
 
+const char* runtime_api_name(uint32_t cbid) {
+  return find_name(kRuntimeNames, cbid);
+}
+
 }  // namespace simcupti
 
 // cupti_callbacks.h: "Names are available only for the DRIVER and RUNTIME

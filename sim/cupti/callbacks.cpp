@@ -116,31 +116,51 @@ void drop_subscriber() {
   retire_current();
 }
 
-// Only the driver domain fires: there is no simulated runtime, and the
-// resource, synchronize, NVTX and state domains are not modelled.
-void on_api(uint32_t cbid, bool exit, const char* name, const void* params, CUresult* result,
-            CUcontext ctx, uint32_t context_id, uint32_t correlation_id,
-            uint64_t* correlation_data) {
+namespace {
+
+// One API callback to the current subscriber, if (domain, cbid) is enabled.
+void deliver(CUpti_CallbackDomain domain, uint32_t cbid, bool exit, const char* name,
+             const void* params, void* result, CUcontext ctx, uint32_t context_id,
+             uint32_t correlation_id, uint64_t* correlation_data) {
   CUpti_Subscriber_st* s = g_current.load(std::memory_order_acquire);
-  if (s == nullptr || !valid_cbid(CUPTI_CB_DOMAIN_DRIVER_API, cbid) ||
-      !s->enabled[CUPTI_CB_DOMAIN_DRIVER_API][cbid].load(std::memory_order_relaxed) ||
-      s->callback == nullptr)
+  if (s == nullptr || !valid_cbid(domain, cbid) ||
+      !s->enabled[domain][cbid].load(std::memory_order_relaxed) || s->callback == nullptr)
     return;
   CUpti_CallbackData data{};
   data.callbackSite = exit ? CUPTI_API_EXIT : CUPTI_API_ENTER;
   // The header promises functionName outlives the callback; the generated
   // table is static, the driver's string only a fallback.
-  const char* table_name = driver_api_name(cbid);
+  const char* table_name =
+      domain == CUPTI_CB_DOMAIN_DRIVER_API ? driver_api_name(cbid) : runtime_api_name(cbid);
   data.functionName = table_name != nullptr ? table_name : name;
   data.functionParams = params;
   data.functionReturnValue = result;
-  // The bridge carries no kernel name at API time (docs/sim-cupti.md).
+  // The bridge carries no kernel name at API time (docs/sim.md).
   data.symbolName = nullptr;
   data.context = ctx;
   data.contextUid = context_id;
   data.correlationData = correlation_data;
   data.correlationId = correlation_id;
-  s->callback(s->userdata, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &data);
+  s->callback(s->userdata, domain, cbid, &data);
+}
+
+}  // namespace
+
+// The driver domain fires for every simulated entry point; the runtime domain
+// only for what simcuda_runtime_launch emulates. The resource, synchronize,
+// NVTX and state domains are not modelled.
+void on_api(uint32_t cbid, bool exit, const char* name, const void* params, CUresult* result,
+            CUcontext ctx, uint32_t context_id, uint32_t correlation_id,
+            uint64_t* correlation_data) {
+  deliver(CUPTI_CB_DOMAIN_DRIVER_API, cbid, exit, name, params, result, ctx, context_id,
+          correlation_id, correlation_data);
+}
+
+void on_runtime_api(uint32_t cbid, bool exit, const char* name, const void* params, void* result,
+                    CUcontext ctx, uint32_t context_id, uint32_t correlation_id,
+                    uint64_t* correlation_data) {
+  deliver(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, exit, name, params, result, ctx, context_id,
+          correlation_id, correlation_data);
 }
 
 }  // namespace simcupti

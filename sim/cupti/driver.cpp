@@ -12,7 +12,7 @@ constinit std::mutex g_attach_mu;
 std::atomic<const simbridge::DriverInfo*> g_info{nullptr};
 // The driver keeps pointers to both for the rest of the process.
 simbridge::DriverInfo g_info_storage;
-constexpr simbridge::Hooks kHooks{simbridge::kVersion, &on_api, &on_activity};
+constexpr simbridge::Hooks kHooks{simbridge::kVersion, &on_api, &on_activity, &on_runtime_api};
 
 const simbridge::DriverInfo* attach() {
   // The driver the application already loaded is the one to hook; loading

@@ -19,5 +19,9 @@ void on_api(uint32_t cbid, bool exit, const char* name, const void* params, CUre
             CUcontext ctx, uint32_t context_id, uint32_t correlation_id,
             uint64_t* correlation_data);
 void on_activity(const simbridge::Activity& record);
+// Runtime-domain callbacks, emulated by the driver's simcuda_runtime_launch.
+void on_runtime_api(uint32_t cbid, bool exit, const char* name, const void* params, void* result,
+                    CUcontext ctx, uint32_t context_id, uint32_t correlation_id,
+                    uint64_t* correlation_data);
 
 }  // namespace simcupti

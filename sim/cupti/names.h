@@ -17,5 +17,7 @@ const char* find_name(std::span<const IdName> table, uint32_t id);
 // "cuLaunchKernel" for CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel; nullptr for an
 // id the header does not define. Static storage.
 const char* driver_api_name(uint32_t cbid);
+// The same for CUPTI_RUNTIME_TRACE_CBID_* ("cudaLaunchKernel_v7000").
+const char* runtime_api_name(uint32_t cbid);
 
 }  // namespace simcupti

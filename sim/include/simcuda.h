@@ -59,6 +59,20 @@ CUresult simcuda_register_function(const simcuda_kernel_desc* desc, CUfunction* 
  * it may be passed to cuLaunchKernel cast to CUfunction (CUDA 12+ semantics). */
 CUresult simcuda_register_kernel(const simcuda_kernel_desc* desc, CUkernel* out);
 
+/* ---- Runtime-domain emulation -------------------------------------------
+ * There is no simulated libcudart. This stands in for one
+ * cudaLaunchKernel(func, grid, block, args, sharedMem, stream): it fires the
+ * CUPTI runtime-domain callback CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
+ * at enter (params: cudaLaunchKernel_v7000_params, func = the CUfunction),
+ * calls cuLaunchKernel (whose driver-domain callbacks fire nested inside, with
+ * their own correlation id), then fires the runtime exit callback with the
+ * result as a cudaError_t. Returns the driver's result. */
+typedef struct simcuda_dim3 {
+  unsigned x, y, z;
+} simcuda_dim3;
+CUresult simcuda_runtime_launch(CUfunction f, simcuda_dim3 grid, simcuda_dim3 block, void** args,
+                                size_t shared_mem, CUstream stream);
+
 /* ---- Virtual clock ------------------------------------------------------ */
 /* The calling thread's virtual host time, in simulated nanoseconds. */
 uint64_t simcuda_now_ns(void);

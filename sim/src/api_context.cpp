@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "api.h"
+#include "graph.h"
 #include "memory.h"
 
 using namespace sim;
@@ -286,11 +287,13 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   struct {
     char none;  // cuCtxSynchronize takes no parameters: CUPTI passes no struct
   } p_{};
-  return api::call(CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, "cuCtxSynchronize", p_,
-                   api::Cost::kApi, [&] {
-                     SIM_CTX(ctx);
-                     return stream::synchronize_context(ctx);
-                   });
+  return api::call(
+      CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, "cuCtxSynchronize", p_, api::Cost::kApi, [&] {
+        SIM_CTX(ctx);
+        if (CUresult e = graph::check_context_wait(ctx, "cuCtxSynchronize"); e != CUDA_SUCCESS)
+          return e;
+        return stream::synchronize_context(ctx);
+      });
 }
 
 CUresult CUDAAPI cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "api.h"
+#include "graph.h"
 #include "variants.h"
 #include "memory.h"
 
@@ -75,43 +76,57 @@ CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream 
                   "%s: source %#lx or destination %#lx is on the wrong side for this copy", api,
                   static_cast<unsigned long>(src), static_cast<unsigned long>(dst));
 
-  const bool from_dev = device_side(ws), to_dev = device_side(wd);
-  Engine engine = Engine::kCopyH2D;
-  uint8_t kind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOH;
-  if (from_dev && to_dev) {
-    engine = Engine::kCompute;
-    kind = CUPTI_ACTIVITY_MEMCPY_KIND_DTOD;
-  } else if (from_dev) {
-    engine = Engine::kCopyD2H;
-    kind = CUPTI_ACTIVITY_MEMCPY_KIND_DTOH;
-  } else if (to_dev) {
-    kind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
-  }
   const bool pageable = ws == mem::Where::kPageable || wd == mem::Where::kPageable;
-
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kCopy;
-  op->engine = engine;
-  op->what = std::string(api) + " of " + std::to_string(n) + " bytes";
-  op->effect = [dst, src, n] {
-    std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  // The engine and direction follow where the memory is when the op is
+  // enqueued (a captured copy replayed after an eviction crosses the link).
+  const std::string what = std::string(api) + " of " + std::to_string(n) + " bytes";
+  graph::Emit emit = [dst, src, n, what](const std::shared_ptr<Stream>& st,
+                                         CUstream) -> std::shared_ptr<Op> {
+    const mem::Where ws = where_of(src, n), wd = where_of(dst, n);
+    const bool from_dev = device_side(ws), to_dev = device_side(wd);
+    Engine engine = Engine::kCopyH2D;
+    uint8_t kind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOH;
+    if (from_dev && to_dev) {
+      engine = Engine::kCompute;
+      kind = CUPTI_ACTIVITY_MEMCPY_KIND_DTOD;
+    } else if (from_dev) {
+      engine = Engine::kCopyD2H;
+      kind = CUPTI_ACTIVITY_MEMCPY_KIND_DTOH;
+    } else if (to_dev) {
+      kind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
+    }
+    auto op = std::make_shared<Op>();
+    op->kind = Op::Kind::kCopy;
+    op->engine = engine;
+    op->what = what;
+    op->effect = [dst, src, n] {
+      std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    };
+    if (device_va(ws)) op->touched.push_back({src, src + n});
+    if (device_va(wd)) op->touched.push_back({dst, dst + n});
+    op->report_activity = true;
+    op->activity.kind = simbridge::Activity::Kind::kMemcpy;
+    op->activity.correlation_id = api::current_correlation();
+    op->activity.bytes = n;
+    op->activity.copy_kind = kind;
+    op->activity.src_kind = memory_kind(ws);
+    op->activity.dst_kind = memory_kind(wd);
+    const Config& cfg = state()->config;
+    stream::enqueue(st, op, [&](Device& dev, uint64_t earliest) {
+      return clock::schedule_copy(dev, engine, earliest, n, cfg);
+    });
+    Device& dev = *state()->devices[static_cast<size_t>(st->ctx->device)];
+    if (engine == Engine::kCopyH2D && to_dev) dev.bytes_h2d += n;
+    if (engine == Engine::kCopyD2H) dev.bytes_d2h += n;
+    return op;
   };
-  if (device_va(ws)) op->touched.push_back({src, src + n});
-  if (device_va(wd)) op->touched.push_back({dst, dst + n});
-  op->report_activity = true;
-  op->activity.kind = simbridge::Activity::Kind::kMemcpy;
-  op->activity.correlation_id = api::current_correlation();
-  op->activity.bytes = n;
-  op->activity.copy_kind = kind;
-  op->activity.src_kind = memory_kind(ws);
-  op->activity.dst_kind = memory_kind(wd);
-  const Config& cfg = state()->config;
-  stream::enqueue(s, op, [&](Device& dev, uint64_t earliest) {
-    return clock::schedule_copy(dev, engine, earliest, n, cfg);
-  });
-  Device& dev = *state()->devices[static_cast<size_t>(ctx->device)];
-  if (engine == Engine::kCopyH2D && to_dev) dev.bytes_h2d += n;
-  if (engine == Engine::kCopyD2H) dev.bytes_d2h += n;
+  // A copy the host waits for (synchronous, or pageable: see above) cannot be
+  // captured; synchronous copies are also "potentially unsafe" calls.
+  bool captured = false;
+  if (CUresult e = graph::intercept(s, api, sync || pageable, emit, &captured); captured) return e;
+  if (sync)
+    if (CUresult e = graph::check_unsafe(api); e != CUDA_SUCCESS) return e;
+  auto op = emit(s, handle);
   if (sync || pageable) stream::wait(op);
   return ctx->sticky.load();
 }
@@ -131,28 +146,39 @@ CUresult memset(const char* api, CUdeviceptr dst, T value, size_t count, CUstrea
   if (!device_va(w))
     return refuse(CUDA_ERROR_INVALID_VALUE, "%s: %#llx is not device memory", api, dst);
   const size_t bytes = count * sizeof(T);
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kMemset;
-  op->what = std::string(api) + " of " + std::to_string(bytes) + " bytes";
-  op->effect = [dst, value, count] {
-    T* p = reinterpret_cast<T*>(dst);
-    for (size_t i = 0; i < count; ++i) p[i] = value;
+  const std::string what = std::string(api) + " of " + std::to_string(bytes) + " bytes";
+  graph::Emit emit = [dst, value, count, bytes, what](const std::shared_ptr<Stream>& st,
+                                                      CUstream) -> std::shared_ptr<Op> {
+    const mem::Where w = mem::locate(dst).where;
+    auto op = std::make_shared<Op>();
+    op->kind = Op::Kind::kMemset;
+    op->what = what;
+    op->effect = [dst, value, count] {
+      T* p = reinterpret_cast<T*>(dst);
+      for (size_t i = 0; i < count; ++i) p[i] = value;
+    };
+    op->touched.push_back({dst, dst + bytes});
+    op->report_activity = true;
+    op->activity.kind = simbridge::Activity::Kind::kMemset;
+    op->activity.correlation_id = api::current_correlation();
+    op->activity.bytes = bytes;
+    op->activity.value = static_cast<uint32_t>(value);
+    op->activity.dst_kind = memory_kind(w);
+    const Config& cfg = state()->config;
+    // Writing host-located memory crosses the link; device memory costs HBM time.
+    const bool remote = w == mem::Where::kHostMapped;
+    stream::enqueue(st, op, [&](Device& dev, uint64_t earliest) {
+      if (remote) return clock::schedule_copy(dev, Engine::kCopyH2D, earliest, bytes, cfg);
+      double ns = static_cast<double>(bytes) / cfg.hbm_bytes_per_ns;
+      return clock::schedule_fixed(dev, Engine::kCompute, earliest, static_cast<uint64_t>(ns) + 1);
+    });
+    return op;
   };
-  op->touched.push_back({dst, dst + bytes});
-  op->report_activity = true;
-  op->activity.kind = simbridge::Activity::Kind::kMemset;
-  op->activity.correlation_id = api::current_correlation();
-  op->activity.bytes = bytes;
-  op->activity.value = static_cast<uint32_t>(value);
-  op->activity.dst_kind = memory_kind(w);
-  const Config& cfg = state()->config;
-  // Writing host-located memory crosses the link; device memory costs HBM time.
-  const bool remote = w == mem::Where::kHostMapped;
-  stream::enqueue(s, op, [&](Device& dev, uint64_t earliest) {
-    if (remote) return clock::schedule_copy(dev, Engine::kCopyH2D, earliest, bytes, cfg);
-    double ns = static_cast<double>(bytes) / cfg.hbm_bytes_per_ns;
-    return clock::schedule_fixed(dev, Engine::kCompute, earliest, static_cast<uint64_t>(ns) + 1);
-  });
+  bool captured = false;
+  if (CUresult e = graph::intercept(s, api, sync, emit, &captured); captured) return e;
+  if (sync)
+    if (CUresult e = graph::check_unsafe(api); e != CUDA_SUCCESS) return e;
+  auto op = emit(s, handle);
   if (sync) stream::wait(op);
   return ctx->sticky.load();
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "api.h"
+#include "graph.h"
 #include "variants.h"
 #include "memory.h"
 
@@ -119,49 +120,63 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
       std::memcpy(buf->data() + f->offsets[i], params[i], f->sizes[i]);
   }
 
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kKernel;
-  op->engine = Engine::kCompute;
-  op->what = "kernel " + f->name;
-  // Every aligned word that points into a mapping marks that mapping as used
-  // by this kernel (so it cannot be unmapped under it). Host-located mappings
-  // are read over the link: charge their bytes at link speed (slow, correct).
-  uint64_t remote = 0;
-  for (size_t off = 0; off + 8 <= buf->size(); off += 8) {
-    uint64_t word;
-    std::memcpy(&word, buf->data() + off, 8);
-    mem::Located at = mem::locate(static_cast<uintptr_t>(word));
-    if (at.where != mem::Where::kDevice && at.where != mem::Where::kHostMapped) continue;
-    bool seen = false;
-    for (const Range& r : op->touched) seen = seen || (r.lo == at.mapping.lo);
-    if (seen) continue;
-    op->touched.push_back(at.mapping);
-    if (at.where == mem::Where::kHostMapped) remote += at.mapping.hi - at.mapping.lo;
-  }
-  const Config& cfg = state()->config;
-  uint64_t duration = f->duration_fn ? reinterpret_cast<simcuda_duration_fn>(f->duration_fn)(
-                                           buf->data(), buf->size(), f->user)
-                                     : f->duration_ns;
-  duration += static_cast<uint64_t>(static_cast<double>(remote) / cfg.h2d_bytes_per_ns);
+  // cuda.h (cuLaunchKernel): the parameters are copied when the launch is
+  // made; a captured launch keeps its copy for every replay. Everything that
+  // depends on where memory lives (touched mappings, remote reads) is worked
+  // out when the op is enqueued, so a replay sees the residency of its time.
+  graph::Emit emit = [f, buf = std::move(buf), dims](const std::shared_ptr<Stream>& st,
+                                                     CUstream user) -> std::shared_ptr<Op> {
+    // Each run gets its own buffer: a kernel may write to its parameters.
+    auto run_buf = std::make_shared<std::vector<unsigned char>>(*buf);
+    auto op = std::make_shared<Op>();
+    op->kind = Op::Kind::kKernel;
+    op->engine = Engine::kCompute;
+    op->what = "kernel " + f->name;
+    // Every aligned word that points into a mapping marks that mapping as used
+    // by this kernel (so it cannot be unmapped under it). Host-located mappings
+    // are read over the link: charge their bytes at link speed (slow, correct).
+    uint64_t remote = 0;
+    for (size_t off = 0; off + 8 <= run_buf->size(); off += 8) {
+      uint64_t word;
+      std::memcpy(&word, run_buf->data() + off, 8);
+      mem::Located at = mem::locate(static_cast<uintptr_t>(word));
+      if (at.where != mem::Where::kDevice && at.where != mem::Where::kHostMapped) continue;
+      bool seen = false;
+      for (const Range& r : op->touched) seen = seen || (r.lo == at.mapping.lo);
+      if (seen) continue;
+      op->touched.push_back(at.mapping);
+      if (at.where == mem::Where::kHostMapped) remote += at.mapping.hi - at.mapping.lo;
+    }
+    const Config& cfg = state()->config;
+    uint64_t duration = f->duration_fn ? reinterpret_cast<simcuda_duration_fn>(f->duration_fn)(
+                                             run_buf->data(), run_buf->size(), f->user)
+                                       : f->duration_ns;
+    duration += static_cast<uint64_t>(static_cast<double>(remote) / cfg.h2d_bytes_per_ns);
 
-  simcuda_launch_info info{};
-  info.stream = h;
-  std::memcpy(info.grid, dims.grid, sizeof info.grid);
-  std::memcpy(info.block, dims.block, sizeof info.block);
-  info.correlation_id = api::current_correlation();
-  auto fn = reinterpret_cast<simcuda_kernel_fn>(f->fn);
-  void* user = f->user;
-  op->effect = [fn, buf, info, user] { fn(buf->data(), buf->size(), &info, user); };
-  op->report_activity = true;
-  op->activity.kind = simbridge::Activity::Kind::kKernel;
-  op->activity.correlation_id = info.correlation_id;
-  op->activity.name = f->name.c_str();  // functions are never freed
-  std::memcpy(op->activity.grid, dims.grid, sizeof dims.grid);
-  std::memcpy(op->activity.block, dims.block, sizeof dims.block);
-  stream::enqueue(s, op, [&](Device& dev, uint64_t earliest) {
-    return clock::schedule_fixed(dev, Engine::kCompute, earliest, duration);
-  });
-  if (remote) state()->devices[static_cast<size_t>(ctx->device)]->remote_access_bytes += remote;
+    simcuda_launch_info info{};
+    info.stream = user;
+    std::memcpy(info.grid, dims.grid, sizeof info.grid);
+    std::memcpy(info.block, dims.block, sizeof info.block);
+    info.correlation_id = api::current_correlation();
+    auto fn = reinterpret_cast<simcuda_kernel_fn>(f->fn);
+    void* fuser = f->user;
+    op->effect = [fn, run_buf, info, fuser] { fn(run_buf->data(), run_buf->size(), &info, fuser); };
+    op->report_activity = true;
+    op->activity.kind = simbridge::Activity::Kind::kKernel;
+    op->activity.correlation_id = info.correlation_id;
+    op->activity.name = f->name.c_str();  // functions are never freed
+    std::memcpy(op->activity.grid, dims.grid, sizeof dims.grid);
+    std::memcpy(op->activity.block, dims.block, sizeof dims.block);
+    stream::enqueue(st, op, [&](Device& dev, uint64_t earliest) {
+      return clock::schedule_fixed(dev, Engine::kCompute, earliest, duration);
+    });
+    if (remote)
+      state()->devices[static_cast<size_t>(st->ctx->device)]->remote_access_bytes += remote;
+    return op;
+  };
+  bool captured = false;
+  if (CUresult e = graph::intercept(s, api, false, emit, &captured); captured) return e;
+  emit(s, h);
   return CUDA_SUCCESS;
 }
 

@@ -1,6 +1,7 @@
 // Memory management entry points: VMM (reserve / create / map / access),
 // classic device allocations and pinned host memory. See memory.h.
 #include "api.h"
+#include "graph.h"
 #include "memory.h"
 
 using namespace sim;
@@ -98,6 +99,7 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   cuMemAlloc_v2_params p_{dptr, bytesize};
   return SIM_INVOKE(cuMemAlloc_v2, p_, [&] {
     SIM_CTX(ctx);
+    if (CUresult e = graph::check_unsafe("cuMemAlloc"); e != CUDA_SUCCESS) return e;
     return mem::mem_alloc(ctx->device, dptr, bytesize);
   });
 }
@@ -106,6 +108,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   cuMemFree_v2_params p_{dptr};
   return SIM_INVOKE(cuMemFree_v2, p_, [&] {
     SIM_NEED_CTX();
+    if (CUresult e = graph::check_unsafe("cuMemFree"); e != CUDA_SUCCESS) return e;
     return mem::mem_free(dptr);
   });
 }

@@ -1,15 +1,18 @@
 // Streams, events and host functions (see stream.h).
 #include "api.h"
+#include "graph.h"
 #include "variants.h"
 
 using namespace sim;
 
 namespace {
 
-CUresult with_stream(CUstream h, CUresult (*fn)(Stream&)) {
+// A host wait on a stream (synchronize, query): refused while it captures.
+CUresult host_wait(CUstream h, CUresult (*fn)(Stream&), const char* what) {
   SIM_CTX(ctx);
   std::shared_ptr<Stream> s;
   if (CUresult e = stream::resolve(ctx, h, &s); e != CUDA_SUCCESS) return e;
+  if (CUresult e = graph::check_host_wait(s, what); e != CUDA_SUCCESS) return e;
   return fn(*s);
 }
 
@@ -19,6 +22,8 @@ CUresult record(CUevent ev, CUstream h, unsigned flags) {
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuEventRecordWithFlags: bad flags %#x", flags);
   std::shared_ptr<Stream> s;
   if (CUresult e = stream::resolve(ctx, h, &s); e != CUDA_SUCCESS) return e;
+  bool captured = false;
+  if (CUresult e = graph::event_record(s, ev, &captured); captured) return e;
   return stream::event_record(ev, s);
 }
 
@@ -26,6 +31,8 @@ CUresult wait_event(CUstream h, CUevent ev, unsigned flags) {
   SIM_CTX(ctx);
   std::shared_ptr<Stream> s;
   if (CUresult e = stream::resolve(ctx, h, &s); e != CUDA_SUCCESS) return e;
+  bool handled = false;
+  if (CUresult e = graph::wait_event(s, ev, flags, &handled); handled) return e;
   return stream::wait_event(s, ev, flags);
 }
 
@@ -33,7 +40,16 @@ CUresult host_func(CUstream h, CUhostFn fn, void* data) {
   SIM_CTX(ctx);
   std::shared_ptr<Stream> s;
   if (CUresult e = stream::resolve(ctx, h, &s); e != CUDA_SUCCESS) return e;
-  return stream::launch_host_func(s, fn, data);
+  if (!fn) return refuse(CUDA_ERROR_INVALID_VALUE, "cuLaunchHostFunc: null function");
+  graph::Emit emit = [fn, data](const std::shared_ptr<Stream>& st, CUstream) {
+    std::shared_ptr<Op> op;
+    stream::launch_host_func(st, fn, data, &op);
+    return op;
+  };
+  bool captured = false;
+  if (CUresult e = graph::intercept(s, "host function", false, emit, &captured); captured) return e;
+  emit(s, h);
+  return CUDA_SUCCESS;
 }
 
 CUstream per_thread(CUstream s) {
@@ -71,22 +87,24 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   cuStreamSynchronize_params p_{hStream};
   return SIM_INVOKE(cuStreamSynchronize, p_,
-                    [&] { return with_stream(hStream, stream::synchronize); });
+                    [&] { return host_wait(hStream, stream::synchronize, "cuStreamSynchronize"); });
 }
 CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
   cuStreamSynchronize_ptsz_params p_{hStream};
-  return SIM_INVOKE(cuStreamSynchronize_ptsz, p_,
-                    [&] { return with_stream(per_thread(hStream), stream::synchronize); });
+  return SIM_INVOKE(cuStreamSynchronize_ptsz, p_, [&] {
+    return host_wait(per_thread(hStream), stream::synchronize, "cuStreamSynchronize");
+  });
 }
 
 CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
   cuStreamQuery_params p_{hStream};
-  return SIM_INVOKE(cuStreamQuery, p_, [&] { return with_stream(hStream, stream::query); });
+  return SIM_INVOKE(cuStreamQuery, p_,
+                    [&] { return host_wait(hStream, stream::query, "cuStreamQuery"); });
 }
 CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream) {
   cuStreamQuery_ptsz_params p_{hStream};
   return SIM_INVOKE(cuStreamQuery_ptsz, p_,
-                    [&] { return with_stream(per_thread(hStream), stream::query); });
+                    [&] { return host_wait(per_thread(hStream), stream::query, "cuStreamQuery"); });
 }
 
 CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
@@ -194,6 +212,7 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
   cuEventQuery_params p_{hEvent};
   return SIM_INVOKE(cuEventQuery, p_, [&] {
     SIM_NEED_CTX();
+    if (CUresult e = graph::check_event_use(hEvent, "cuEventQuery"); e != CUDA_SUCCESS) return e;
     return stream::event_query(hEvent);
   });
 }
@@ -202,6 +221,8 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   cuEventSynchronize_params p_{hEvent};
   return SIM_INVOKE(cuEventSynchronize, p_, [&] {
     SIM_NEED_CTX();
+    if (CUresult e = graph::check_event_use(hEvent, "cuEventSynchronize"); e != CUDA_SUCCESS)
+      return e;
     return stream::event_synchronize(hEvent);
   });
 }

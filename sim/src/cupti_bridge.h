@@ -14,7 +14,7 @@
 
 namespace simbridge {
 
-inline constexpr int kVersion = 1;
+inline constexpr int kVersion = 2;
 
 // A device-side record, produced by a stream worker when an operation
 // completes. Timestamps are virtual nanoseconds (the sim's clock).
@@ -46,6 +46,14 @@ using ApiHook = void (*)(uint32_t cbid, bool exit, const char* name, const void*
                          CUresult* result, CUcontext ctx, uint32_t context_id,
                          uint32_t correlation_id, uint64_t* correlation_data);
 
+// The runtime domain, emulated by simcuda_runtime_launch (there is no
+// simulated libcudart): same contract as ApiHook, with a runtime callback id
+// (cupti_runtime_cbid.h), a generated_cuda_runtime_api_meta.h struct, and
+// `result` pointing to a cudaError_t.
+using RuntimeHook = void (*)(uint32_t cbid, bool exit, const char* name, const void* params,
+                             void* result, CUcontext ctx, uint32_t context_id,
+                             uint32_t correlation_id, uint64_t* correlation_data);
+
 // Called from a stream worker thread when a device operation completes.
 using ActivityHook = void (*)(const Activity& record);
 
@@ -53,6 +61,7 @@ struct Hooks {
   int version;
   ApiHook api;
   ActivityHook activity;
+  RuntimeHook runtime_api;
 };
 
 // Reported back to CUPTI so it can answer cuptiGetTimestamp / id queries.

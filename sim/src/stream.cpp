@@ -326,13 +326,15 @@ bool in_host_function() {
   return t_in_host_fn;
 }
 
-CUresult launch_host_func(const std::shared_ptr<Stream>& s, CUhostFn fn, void* data) {
+CUresult launch_host_func(const std::shared_ptr<Stream>& s, CUhostFn fn, void* data,
+                          std::shared_ptr<Op>* out) {
   if (!fn) return refuse(CUDA_ERROR_INVALID_VALUE, "cuLaunchHostFunc: null function");
   auto op = std::make_shared<Op>();
   op->kind = Op::Kind::kHostFn;
   op->what = "host function";
   op->effect = [fn, data] { fn(data); };
   enqueue(s, op, [](Device&, uint64_t earliest) { return clock::Interval{earliest, earliest}; });
+  if (out) *out = op;
   return CUDA_SUCCESS;
 }
 
@@ -449,6 +451,13 @@ CUresult wait_event(const std::shared_ptr<Stream>& s, CUevent handle, unsigned f
   op->deps.push_back(rec);
   enqueue_marker(s, op);
   return CUDA_SUCCESS;
+}
+
+int event_status(CUevent handle) {
+  auto ev = find_event(handle);
+  if (!ev) return -1;
+  std::lock_guard lk(state()->handles_mu);
+  return ev->recorded ? 1 : 0;
 }
 
 }  // namespace sim::stream

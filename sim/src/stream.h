@@ -47,7 +47,9 @@ void wait_for_range(uintptr_t lo, uintptr_t hi);
 // True while the calling thread runs a host function (cuLaunchHostFunc):
 // such functions must not call CUDA (cuda.h: CUDA_ERROR_NOT_PERMITTED).
 bool in_host_function();
-CUresult launch_host_func(const std::shared_ptr<Stream>& s, CUhostFn fn, void* data);
+// `out`, if given, receives the enqueued op.
+CUresult launch_host_func(const std::shared_ptr<Stream>& s, CUhostFn fn, void* data,
+                          std::shared_ptr<Op>* out = nullptr);
 
 CUresult event_create(Context* ctx, CUevent* out, unsigned flags);
 CUresult event_destroy(CUevent ev);
@@ -56,5 +58,7 @@ CUresult event_query(CUevent ev);
 CUresult event_synchronize(CUevent ev);
 CUresult event_elapsed(float* ms, CUevent start, CUevent end);
 CUresult wait_event(const std::shared_ptr<Stream>& s, CUevent ev, unsigned flags);
+// -1: no such event; 0: never recorded; 1: recorded.
+int event_status(CUevent ev);
 
 }  // namespace sim::stream
