@@ -30,16 +30,33 @@ class InternalCalls {
   static inline thread_local bool active_ = false;
 };
 
+// The work about to use some ranges: what the policy, the trace and the
+// record need to know of it.
+struct Access {
+  enum class Kind : uint8_t { kLaunch, kCopy, kSet, kGraphLaunch, kCollective };
+  Kind kind = Kind::kLaunch;
+  CUstream stream = nullptr;
+  const char* name = nullptr;  // kernel name (lives as long as the process), or null
+  uint64_t seq = 0;            // one per launch, copy or set: batches of one call share it
+};
+
 class AccessSink {
  public:
   virtual ~AccessSink() = default;
   // Could `p` be inside one of the sink's blocks? Called for every argument
   // word of every launch: must be a lock-free range check.
   virtual bool may_own(uintptr_t p) const = 0;
-  // Work on `stream` is about to use these ranges: make their blocks resident
-  // (restore, or cancel an eviction in flight) and record the stream as a
-  // user. Called before the launch, copy or set is queued.
-  virtual void before_use(const Touch* touches, size_t n, CUstream stream) = 0;
+  // Work on `a.stream` is about to use these ranges: make their blocks
+  // resident (restore, or cancel an eviction in flight) and record the
+  // stream as a user. Called before the launch, copy or set is queued; a
+  // call with many ranges may come in several batches with the same `a.seq`.
+  virtual void before_use(const Access& a, const Touch* touches, size_t n) = 0;
+  // The blocks under these ranges must stay resident until released: work
+  // captured into a CUDA graph (it runs whenever the graph is launched), a
+  // collective in flight, a user's pin. Holds nest; a held block that is
+  // on the host is restored. Freeing a block drops its holds.
+  virtual void hold(const Touch* touches, size_t n) = 0;
+  virtual void release(const Touch* touches, size_t n) = 0;
 };
 
 }  // namespace spillway

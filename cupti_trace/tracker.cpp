@@ -104,14 +104,15 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
   static_cast<Tracker*>(self)->on_driver_call(cbid, cb->functionParams);
 }
 
-void Tracker::report(const Touch* t, size_t n, CUstream stream) {
+void Tracker::report(Access::Kind kind, const Touch* t, size_t n, CUstream stream) {
+  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
   size_t mine = 0;
   Touch kept[2];  // a copy has two sides, a set one
   for (size_t i = 0; i < n && i < 2; ++i)
     if (sink_.may_own(t[i].lo) || sink_.may_own(t[i].hi - 1)) kept[mine++] = t[i];
   if (mine == 0) return;
   touches_.fetch_add(mine, std::memory_order_relaxed);
-  sink_.before_use(kept, mine, stream);
+  sink_.before_use(Access{kind, stream, nullptr, seq}, kept, mine);
 }
 
 void Tracker::on_driver_call(CUpti_CallbackId cbid, const void* p) {
@@ -149,13 +150,13 @@ void Tracker::on_driver_call(CUpti_CallbackId cbid, const void* p) {
   case CUPTI_DRIVER_TRACE_CBID_##id: {                                 \
     auto* a = static_cast<const type*>(p);                             \
     Touch t[2] = {range(dst, a->ByteCount), range(src, a->ByteCount)}; \
-    return report(t, 2, stream_expr);                                  \
+    return report(Access::Kind::kCopy, t, 2, stream_expr);             \
   }
-#define TRACK_SET(id, type, elem, stream_expr)         \
-  case CUPTI_DRIVER_TRACE_CBID_##id: {                 \
-    auto* a = static_cast<const type*>(p);             \
-    Touch t[1] = {range(a->dstDevice, a->N * (elem))}; \
-    return report(t, 1, stream_expr);                  \
+#define TRACK_SET(id, type, elem, stream_expr)            \
+  case CUPTI_DRIVER_TRACE_CBID_##id: {                    \
+    auto* a = static_cast<const type*>(p);                \
+    Touch t[1] = {range(a->dstDevice, a->N * (elem))};    \
+    return report(Access::Kind::kSet, t, 1, stream_expr); \
   }
   switch (cbid) {
     TRACK_COPY(cuMemcpy, cuMemcpy_params, a->dst, a->src, nullptr)
@@ -208,6 +209,10 @@ const Tracker::Layout& Tracker::layout(CUfunction f) {
   auto& slot = layouts_[f];
   if (slot) return *slot;
   slot = std::make_unique<Layout>();
+  const char* name = nullptr;
+  if (d_.cuFuncGetName(&name, f) == CUDA_SUCCESS ||
+      d_.cuKernelGetName(&name, reinterpret_cast<CUkernel>(f)) == CUDA_SUCCESS)
+    slot->name = name;  // the driver keeps it while the module is loaded
   // cuda.h (cuFuncGetParamInfo): query until CUDA_ERROR_INVALID_VALUE. A
   // CUkernel passed as the CUfunction answers cuKernelGetParamInfo instead.
   bool kernel = false;
@@ -238,6 +243,9 @@ const Tracker::Layout& Tracker::layout(CUfunction f) {
 
 void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUstream stream) {
   launches_.fetch_add(1, std::memory_order_relaxed);
+  const Layout& l = layout(f);
+  const Access access{Access::Kind::kLaunch, stream, l.name,
+                      seq_.fetch_add(1, std::memory_order_relaxed) + 1};
   // On the launch path: no heap allocation. Touches are reported in batches
   // of a fixed size (a kernel with more pointer arguments just reports twice).
   constexpr size_t kBatch = 32;
@@ -246,7 +254,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   auto flush = [&] {
     if (count == 0) return;
     touches_.fetch_add(count, std::memory_order_relaxed);
-    sink_.before_use(found, count, stream);
+    sink_.before_use(access, found, count);
     count = 0;
   };
   auto word = [&](const unsigned char* at) {
@@ -270,7 +278,6 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   } else if (kernel_params) {
     // A pointer sits at an 8-byte-aligned offset of the packed arguments,
     // possibly inside a by-value struct.
-    const Layout& l = layout(f);
     for (size_t i = 0; i < l.params.size(); ++i) {
       const auto [off, size] = l.params[i];
       const auto* arg = static_cast<const unsigned char*>(kernel_params[i]);

@@ -44,6 +44,7 @@ class Tracker {
   struct Layout {
     std::vector<std::pair<uint32_t, uint32_t>> params;
     bool known = false;
+    const char* name = nullptr;
   };
   // Exposed for the scan benchmark and tests.
   void scan_launch(CUfunction f, void** kernel_params, void** extra, CUstream stream);
@@ -55,7 +56,7 @@ class Tracker {
                                 const void* data);
   void on_driver_call(CUpti_CallbackId cbid, const void* params);
   const Layout& layout(CUfunction f);
-  void report(const Touch* t, size_t n, CUstream stream);
+  void report(Access::Kind kind, const Touch* t, size_t n, CUstream stream);
 
   const cupti::Api& api_;
   const cu::Driver& d_;
@@ -63,7 +64,7 @@ class Tracker {
   CUpti_SubscriberHandle subscriber_ = nullptr;
   std::mutex layouts_mu_;
   std::unordered_map<CUfunction, std::unique_ptr<Layout>> layouts_;
-  std::atomic<uint64_t> launches_{0}, touches_{0};
+  std::atomic<uint64_t> launches_{0}, touches_{0}, seq_{0};
 };
 
 }  // namespace spillway

@@ -38,6 +38,13 @@ void spillway_mark_step(void);
  * not counting the NUL. spillway_stats_json(NULL, 0) asks for the length. */
 size_t spillway_stats_json(char* buf, size_t len);
 
+/* Keeps the blocks under [ptr, ptr + size) resident on the device until
+ * spillway_unpin is called with the same range: a block that is on the host is
+ * brought back first. Pins nest; freeing a block drops its pins. Returns 0,
+ * or -1 if spillway is not serving allocations (nothing to pin). */
+int spillway_pin(const void* ptr, size_t size);
+int spillway_unpin(const void* ptr, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

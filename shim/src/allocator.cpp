@@ -24,7 +24,10 @@ struct Allocator::Block {
   CUmemGenericAllocationHandle dev = 0, host = 0;
   uintptr_t scratch = 0;
   uint64_t last_use = 0;
-  std::vector<Event> pending;  // freed: events on `users` that must complete first
+  uint32_t holds = 0;            // graphs, collectives, pins: not evicted while > 0
+  Cause cause = Cause::kBudget;  // kEvicting: why
+  uint64_t queued_ns = 0;        // kEvicting: when the copy was queued
+  std::vector<Event> pending;    // freed: events on `users` that must complete first
 };
 
 namespace {
@@ -194,6 +197,7 @@ void* Allocator::malloc(size_t size, CUstream stream) {
   }
   s_.resident_bytes = resident();
   s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+  notify_memory();
   if (high_water_ && s_.resident_bytes > high_water_) bg_cv_.notify_one();
   return p;
 }
@@ -344,13 +348,21 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
   CUresult r = dev_.take(size, h);
   // The device may be fuller than the budget says (other processes, other
   // libraries): make more room and retry while there is anything to free.
+  size_t freed = 0;
+  const bool short_of_device = r == CUDA_ERROR_OUT_OF_MEMORY;
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    if (dev_.trim(size) == 0) {
-      if (release_cached(size) == 0 && (!o_.evict || evict_for(size) == 0)) break;
+    size_t got = dev_.trim(size);
+    if (got == 0) {
+      got = release_cached(size);
+      if (got == 0 && o_.evict) got = evict_for(size, Cause::kPressure);
+      if (got == 0) break;
       dev_.trim(size, size);
     }
+    freed += got;
     r = dev_.take(size, h);
   }
+  if (short_of_device && r == CUDA_SUCCESS && o_.observer)
+    o_.observer->on_oom_avoided(o_.device, size, freed);
   if (r != CUDA_SUCCESS)
     log::warn("cuMemCreate({} bytes, device {}) failed: {}", size, o_.device, cu::describe(d_, r));
   s_.device_creates = dev_.creates();
@@ -409,6 +421,7 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   }
   live_.erase(b->ptr);
   b->live = false;
+  b->holds = 0;
   s_.live_bytes -= b->size;
   ++s_.frees;
   b->last_use = ++tick_;
@@ -494,7 +507,7 @@ bool Allocator::make_room(size_t need) {
   dev_.trim(excess(need), need);
   if (excess(need) > 0) release_cached(excess(need));
   dev_.trim(excess(need), need);
-  if (excess(need) > 0 && o_.evict) evict_for(excess(need));
+  if (excess(need) > 0 && o_.evict) evict_for(excess(need), Cause::kBudget);
   dev_.trim(excess(need), need);
   s_.device_creates = dev_.creates();
   if (size_t short_by = excess(need)) {
@@ -541,14 +554,15 @@ size_t Allocator::release_cached(size_t want) {
 std::vector<Allocator::Block*> Allocator::choose_victims(size_t want) {
   std::vector<policy::Candidate> cands;
   for (auto& [p, b] : live_)
-    if (b->large && b->where == Block::Where::kDevice) cands.push_back({p, b->cap, b->last_use});
+    if (b->large && b->where == Block::Where::kDevice && b->holds == 0)
+      cands.push_back({p, b->cap, b->last_use});
   std::vector<Block*> victims;
   for (uint64_t id : chooser_->choose(std::move(cands), want)) victims.push_back(live_.at(id));
   return victims;
 }
 
-size_t Allocator::evict_for(size_t want) {
-  return evict_blocks(choose_victims(want));
+size_t Allocator::evict_for(size_t want, Cause cause) {
+  return evict_blocks(choose_victims(want), cause);
 }
 
 CUresult Allocator::order_after(CUstream waiter, CUstream s) {
@@ -570,19 +584,21 @@ CUresult Allocator::drain(CUstream s) {
   return r;
 }
 
-size_t Allocator::evict_blocks(const std::vector<Block*>& victims) {
-  std::vector<Block*> started = start_evictions(victims);
+size_t Allocator::evict_blocks(const std::vector<Block*>& victims, Cause cause) {
+  std::vector<Block*> started = start_evictions(victims, cause);
   if (started.empty()) return 0;
   // Contract 1: the copies complete before device memory is released.
   const bool copied = drain(d2h_.get()) == CUDA_SUCCESS;
   return finish_evictions(started, copied);
 }
 
-std::vector<Allocator::Block*> Allocator::start_evictions(const std::vector<Block*>& victims) {
+std::vector<Allocator::Block*> Allocator::start_evictions(const std::vector<Block*>& victims,
+                                                          Cause cause) {
   std::vector<Block*> started;
   // Copy each block into host memory mapped at a scratch address, on the D2H
   // stream, after everything already queued on the streams that use it.
   for (Block* b : victims) {
+    if (b->holds > 0) continue;
     // Host memory counts against its budget whether in use or pooled.
     if (o_.host_budget && !host_.has(b->cap)) {
       const size_t want = host_.held() + b->cap;
@@ -618,6 +634,8 @@ std::vector<Allocator::Block*> Allocator::start_evictions(const std::vector<Bloc
       continue;
     }
     b->where = Block::Where::kEvicting;
+    b->cause = cause;
+    b->queued_ns = o_.observer ? monotonic_ns() : 0;
     b->cancel = false;
     b->host = h;
     b->scratch = scratch;
@@ -651,6 +669,9 @@ size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copi
       b->where = Block::Where::kHost;
       ++s_.blocks_evicted;
       s_.bytes_evicted += b->size;
+      if (o_.observer)
+        o_.observer->on_transfer(
+            {true, b->cause, o_.device, b->ptr, b->size, d2h_.get(), b->queued_ns, monotonic_ns()});
     } else {
       host_.give(b->host, b->cap);
       b->host = 0;
@@ -675,8 +696,9 @@ CUresult Allocator::evict(const void* ptr) {
   if (b->where == Block::Where::kHost) return CUDA_SUCCESS;
   if (b->where == Block::Where::kEvicting) return CUDA_ERROR_NOT_READY;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  evict_blocks({b});
+  evict_blocks({b}, Cause::kBudget);
   s_.resident_bytes = resident();
+  notify_memory();
   return b->where == Block::Where::kHost ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -694,9 +716,10 @@ CUresult Allocator::restore(const void* ptr, CUstream stream) {
   }
   if (b->where == Block::Where::kDevice) return CUDA_SUCCESS;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUresult r = restore_block(b);
+  CUresult r = restore_block(b, Cause::kOnDemand);
   s_.resident_bytes = resident();
   s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+  notify_memory();
   return r;
 }
 
@@ -706,9 +729,11 @@ void Allocator::note_use(const void* ptr, CUstream stream) {
   if (b && b->live) note_user(b, stream);
 }
 
-void Allocator::before_use(const Touch* touches, size_t n, CUstream stream) {
+void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   InternalCalls internal;
+  const CUstream stream = a.stream;
   std::lock_guard lk(mu_);
+  bool moved = false;
   auto use = [&](Block* b) {
     note_user(b, stream);
     b->last_use = ++tick_;
@@ -717,12 +742,19 @@ void Allocator::before_use(const Touch* touches, size_t n, CUstream stream) {
     } else if (b->where == Block::Where::kHost) {
       // Contract 1: restored before the work is queued (the caller is about
       // to queue it). On failure the host copy stays mapped: slow, correct.
-      if (!ensure_context() || restore_block(b) != CUDA_SUCCESS)
+      if (!ensure_context() || restore_block(b, Cause::kOnDemand) != CUDA_SUCCESS)
         log::warn("on-demand restore of {:#x} failed: it is used from host memory", b->ptr);
       s_.resident_bytes = resident();
       s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+      moved = true;
     }
   };
+  for_each_block(touches, n, use, [&](Block* b) { note_user(b, stream); });
+  if (moved) notify_memory();
+}
+
+template <class Large, class Small>
+void Allocator::for_each_block(const Touch* touches, size_t n, Large&& large, Small&& small) {
   for (size_t i = 0; i < n; ++i) {
     const Touch& t = touches[i];
     if (!arena_.contains(t.lo)) continue;
@@ -735,13 +767,44 @@ void Allocator::before_use(const Touch* touches, size_t n, CUstream stream) {
       Block* b = owners_[g];
       if (!b) continue;
       any = true;
-      if (b->live) use(b);
+      if (b->live) large(b);
       g = (b->ptr + b->cap - arena_.base()) / granule_ - 1;  // skip to its end
     }
     // Small blocks: known by their start address only.
     if (!any)
-      if (Block* b = find_live(t.lo)) note_user(b, stream);
+      if (Block* b = find_live(t.lo)) small(b);
   }
+}
+
+void Allocator::hold(const Touch* touches, size_t n) {
+  InternalCalls internal;
+  std::lock_guard lk(mu_);
+  bool moved = false;
+  for_each_block(
+      touches, n,
+      [&](Block* b) {
+        ++b->holds;
+        if (b->where == Block::Where::kEvicting) b->cancel = true;
+        if (b->where == Block::Where::kHost) {
+          if (!ensure_context() || restore_block(b, Cause::kOnDemand) != CUDA_SUCCESS)
+            log::warn("restore of held block {:#x} failed: it is used from host memory", b->ptr);
+          s_.resident_bytes = resident();
+          s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
+          moved = true;
+        }
+      },
+      [](Block*) {});  // small blocks are never evicted
+  if (moved) notify_memory();
+}
+
+void Allocator::release(const Touch* touches, size_t n) {
+  std::lock_guard lk(mu_);
+  for_each_block(
+      touches, n, [](Block* b) { b->holds -= b->holds > 0 ? 1 : 0; }, [](Block*) {});
+}
+
+void Allocator::notify_memory() {
+  if (o_.observer) o_.observer->on_memory(o_.device, resident(), host_.held(), o_.gpu_budget);
 }
 
 Allocator::Residency Allocator::residency(const void* ptr) {
@@ -765,7 +828,8 @@ void Allocator::note_user(Block* b, CUstream stream) {
     b->users.push_back(stream);
 }
 
-CUresult Allocator::restore_block(Block* b) {
+CUresult Allocator::restore_block(Block* b, Cause cause) {
+  const uint64_t queued = o_.observer ? monotonic_ns() : 0;
   CUmemGenericAllocationHandle h = 0;
   CUresult r = take_device(b->cap, &h);
   if (r != CUDA_SUCCESS) return r;
@@ -790,6 +854,9 @@ CUresult Allocator::restore_block(Block* b) {
     b->where = Block::Where::kDevice;
     ++s_.blocks_restored;
     s_.bytes_restored += b->size;
+    if (o_.observer)
+      o_.observer->on_transfer(
+          {false, cause, o_.device, b->ptr, b->size, h2d_.get(), queued, monotonic_ns()});
     return CUDA_SUCCESS;
   }
   // Roll back: the host copy stays mapped at the block's address.
@@ -818,7 +885,7 @@ void Allocator::background_loop() {
     if (resident() <= high) continue;
     dev_.trim(resident() - low);
     if (resident() <= high) continue;
-    std::vector<Block*> started = start_evictions(choose_victims(resident() - low));
+    std::vector<Block*> started = start_evictions(choose_victims(resident() - low), Cause::kBudget);
     if (started.empty()) continue;
     bool copied = CU_CALL(d_, cuEventRecord, bg_ev_.get(), d2h_.get()) == CUDA_SUCCESS;
     lk.unlock();  // the copies run without the lock: allocations go on
@@ -828,6 +895,7 @@ void Allocator::background_loop() {
     finish_evictions(started, copied);
     if (resident() > low) dev_.trim(resident() - low);
     s_.resident_bytes = resident();
+    notify_memory();
     ++s_.background_batches;
   }
 }

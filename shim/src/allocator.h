@@ -31,6 +31,7 @@
 
 #include "access_sink.h"
 #include "cu_raii.h"
+#include "events.h"
 #include "driver.h"
 #include "stats.h"
 #include "victims.h"
@@ -51,6 +52,8 @@ struct AllocatorOptions {
   // Test seam: called by the background thread after an eviction batch's
   // copies completed and before it swaps the mappings (without the lock).
   std::function<void()> before_swap;
+  // Told of every transfer and change of memory held (may be null).
+  Observer* observer = nullptr;
 };
 
 class Allocator final : public AccessSink {
@@ -77,7 +80,9 @@ class Allocator final : public AccessSink {
 
   // AccessSink: the tracker reports every launch, copy and set here.
   bool may_own(uintptr_t p) const override { return arena_.contains(p); }
-  void before_use(const Touch* touches, size_t n, CUstream stream) override;
+  void before_use(const Access& a, const Touch* touches, size_t n) override;
+  void hold(const Touch* touches, size_t n) override;
+  void release(const Touch* touches, size_t n) override;
 
   enum class Residency { kUnknown, kDevice, kEvicting, kHost };
   Residency residency(const void* ptr);
@@ -117,16 +122,21 @@ class Allocator final : public AccessSink {
   // Unmap free cached blocks / evict live ones; their device memory goes to
   // the pool. Return the bytes given back.
   size_t release_cached(size_t want);
-  size_t evict_for(size_t want);
+  size_t evict_for(size_t want, Cause cause);
   std::vector<Block*> choose_victims(size_t want);
   // Evicts these blocks now; returns the device bytes given back to the pool.
-  size_t evict_blocks(const std::vector<Block*>& victims);
+  size_t evict_blocks(const std::vector<Block*>& victims, Cause cause);
   // Eviction in two steps so the copies can run without the lock: start
   // queues them (blocks become kEvicting), finish swaps the mappings once the
   // copies are done, or keeps the device memory if an eviction was cancelled.
-  std::vector<Block*> start_evictions(const std::vector<Block*>& victims);
+  std::vector<Block*> start_evictions(const std::vector<Block*>& victims, Cause cause);
   size_t finish_evictions(const std::vector<Block*>& started, bool copied);
-  CUresult restore_block(Block* b);
+  CUresult restore_block(Block* b, Cause cause);
+  // Calls `large` for each live large block under the ranges, `small` for a
+  // live small block starting at a range's first byte.
+  template <class Large, class Small>
+  void for_each_block(const Touch* touches, size_t n, Large&& large, Small&& small);
+  void notify_memory();  // tells the observer what is held now
   void background_loop();
   // Makes `waiter` wait for all work queued so far on `s` (on every stream
   // that uses `b`).

@@ -99,14 +99,27 @@ bool Runtime::may_own(uintptr_t p) const {
   return false;
 }
 
-void Runtime::before_use(const Touch* touches, size_t n, CUstream stream) {
+template <class F>
+void Runtime::for_each_owner(const Touch* touches, size_t n, F&& f) {
   const size_t count = active_count_.load(std::memory_order_acquire);
   for (size_t i = 0; i < count; ++i) {
     Allocator* a = active_[i].load(std::memory_order_acquire);
     if (!a) continue;
     for (size_t t = 0; t < n; ++t)
-      if (a->may_own(touches[t].lo)) a->before_use(&touches[t], 1, stream);
+      if (a->may_own(touches[t].lo)) f(*a, touches[t]);
   }
+}
+
+void Runtime::before_use(const Access& access, const Touch* touches, size_t n) {
+  for_each_owner(touches, n, [&](Allocator& a, const Touch& t) { a.before_use(access, &t, 1); });
+}
+
+void Runtime::hold(const Touch* touches, size_t n) {
+  for_each_owner(touches, n, [](Allocator& a, const Touch& t) { a.hold(&t, 1); });
+}
+
+void Runtime::release(const Touch* touches, size_t n) {
+  for_each_owner(touches, n, [](Allocator& a, const Touch& t) { a.release(&t, 1); });
 }
 
 Allocator* Runtime::allocator(int device) {

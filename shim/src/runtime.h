@@ -39,9 +39,13 @@ class Runtime final : public AccessSink {
   // AccessSink: the tracker's reports go to the allocator of the device that
   // owns the address.
   bool may_own(uintptr_t p) const override;
-  void before_use(const Touch* touches, size_t n, CUstream stream) override;
+  void before_use(const Access& a, const Touch* touches, size_t n) override;
+  void hold(const Touch* touches, size_t n) override;
+  void release(const Touch* touches, size_t n) override;
 
  private:
+  template <class F>
+  void for_each_owner(const Touch* touches, size_t n, F&& f);
   Runtime() = default;
   void start();
   void report_at_exit();

@@ -38,3 +38,26 @@ ABI_EXPORT size_t spillway_stats_json(char* buf, size_t len) {
   }
   return json.size();
 }
+
+namespace {
+int pin(const void* ptr, size_t size, bool on) {
+  Runtime* rt = Runtime::peek();
+  if (!rt || !ptr) return -1;
+  const auto lo = reinterpret_cast<uintptr_t>(ptr);
+  const spillway::Touch t{lo, lo + (size ? size : 1)};
+  if (on) {
+    rt->hold(&t, 1);
+  } else {
+    rt->release(&t, 1);
+  }
+  return 0;
+}
+}  // namespace
+
+ABI_EXPORT int spillway_pin(const void* ptr, size_t size) {
+  return pin(ptr, size, true);
+}
+
+ABI_EXPORT int spillway_unpin(const void* ptr, size_t size) {
+  return pin(ptr, size, false);
+}

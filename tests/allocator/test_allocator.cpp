@@ -8,6 +8,7 @@
 #include <thread>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -109,6 +110,7 @@ class AllocatorTest : public ::testing::Test {
     o.gpu_budget = budget;
     o.host_budget = host_budget;
     o.min_block = min_block;
+    o.observer = &observed_;
     std::string why;
     auto a = Allocator::create(*driver_, o, &why);
     EXPECT_NE(nullptr, a) << why;
@@ -136,7 +138,34 @@ class AllocatorTest : public ::testing::Test {
     return k_.mismatches.load();
   }
 
+  // Everything the allocator reports to its observer.
+  struct Observed final : spillway::Observer {
+    std::mutex mu;
+    std::vector<spillway::Transfer> transfers;
+    uint64_t max_resident = 0, memory_events = 0, ooms_avoided = 0;
+    void on_transfer(const spillway::Transfer& t) override {
+      std::lock_guard lk(mu);
+      transfers.push_back(t);
+    }
+    void on_memory(int, uint64_t resident, uint64_t, uint64_t) override {
+      std::lock_guard lk(mu);
+      max_resident = std::max(max_resident, resident);
+      ++memory_events;
+    }
+    void on_oom_avoided(int, size_t, size_t) override {
+      std::lock_guard lk(mu);
+      ++ooms_avoided;
+    }
+    uint64_t bytes(bool to_host, spillway::Cause c) {
+      std::lock_guard lk(mu);
+      uint64_t n = 0;
+      for (auto& t : transfers) n += t.to_host == to_host && t.cause == c ? t.bytes : 0;
+      return n;
+    }
+  };
+
   const spillway::cu::Driver* driver_ = nullptr;
+  Observed observed_;
   Kernels k_;
   bool background_ = false;
   std::function<void()> hook_;
@@ -314,6 +343,52 @@ TEST_F(SmallDeviceAllocatorTest, DeviceFilledByAnotherProcessStillAllocatesByEvi
   for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
   EXPECT_EQ(0u, mismatches());
   EXPECT_GE(a->stats().blocks_evicted, 3u);
+  EXPECT_GE(observed_.ooms_avoided, 1u);
+  EXPECT_EQ(a->stats().bytes_evicted, observed_.bytes(true, spillway::Cause::kPressure));
+}
+
+TEST_F(AllocatorTest, HeldBlocksStayResidentAndEveryTransferIsObserved) {
+  const uint64_t budget = 16 * MiB;
+  auto a = make(budget);
+  void* held = a->malloc(4 * MiB, nullptr);
+  void* other = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, held);
+  ASSERT_NE(nullptr, other);
+  fill(held, 4 * MiB, 1, nullptr);
+  fill(other, 4 * MiB, 2, nullptr);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(held);
+  const spillway::Touch held_range{h + 100, h + 101};  // an interior pointer holds the block
+  a->hold(&held_range, 1);
+  a->hold(&held_range, 1);  // holds nest
+  ASSERT_CU(a->evict(other));
+  const spillway::Touch other_range{reinterpret_cast<uintptr_t>(other),
+                                    reinterpret_cast<uintptr_t>(other) + 1};
+  a->hold(&other_range, 1);  // a held block on the host comes back
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(other));
+  a->release(&other_range, 1);
+  std::vector<Live> live;
+  for (int i = 0; i < 8; ++i) {  // the two oldest blocks are the LRU victims, held or not
+    void* p = a->malloc(4 * MiB, nullptr);
+    ASSERT_NE(nullptr, p) << i;
+    live.push_back({p, 4 * MiB, 600u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, live.back().seed, nullptr);
+  }
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(held));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(other));  // released: evictable
+  a->release(&held_range, 1);
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(held));  // still held once
+  a->release(&held_range, 1);
+  ASSERT_CU(a->evict(held));
+  check(held, 4 * MiB, 1, nullptr);
+  check(other, 4 * MiB, 2, nullptr);
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_LE(observed_.max_resident, budget);
+  EXPECT_GT(observed_.memory_events, 8u);
+  EXPECT_EQ(st.bytes_evicted, observed_.bytes(true, spillway::Cause::kBudget));
+  EXPECT_EQ(st.bytes_restored, observed_.bytes(false, spillway::Cause::kOnDemand));
+  EXPECT_EQ(4 * MiB, st.bytes_restored);
 }
 
 TEST_F(AllocatorTest, TrueOutOfMemoryReturnsNullAndKeepsEveryByte) {
