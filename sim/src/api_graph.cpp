@@ -51,8 +51,8 @@ CUresult launch(CUgraphExec exec, CUstream h) {
   SIM_CTX(ctx);
   std::shared_ptr<Stream> s;
   if (CUresult e = stream::resolve(ctx, h, &s); e != CUDA_SUCCESS) return e;
-  if (CUresult e = graph::launch(exec, s, h); e != CUDA_SUCCESS) return e;
-  return ctx->sticky.load();
+  // Like cuLaunchKernel: a fault in the graph's work is reported by later calls.
+  return graph::launch(exec, s, h);
 }
 
 }  // namespace
