@@ -55,7 +55,7 @@ COST_MODEL = {
     "formula": "duration = max(flops / peak(dtype, op class), bytes touched / hbm) + floor; "
                "copies: bytes / pcie + floor. matmul flops = 2*M*N*K (mm, addmm, bmm, baddbmm), "
                "convolution = 2 * output elements * Cin/groups * kernel area (backward: once per "
-               "gradient produced); other ops: one flop per output element. bytes = sum of touched "
+               "gradient produced), fused causal attention 2*B*H*L*L*D (backward 2.5x); other ops: one flop per output element. bytes = sum of touched "
                "ranges (read-and-write counted twice). float32 matmuls assume TF32 tensor cores.",
 }
 
@@ -92,6 +92,13 @@ def op_flops(name: str, args, outs) -> tuple[int, str]:
             mask = args[-1] if isinstance(args[-1], (list, tuple)) else (True, True, True)
             per = 2 * _numel(grad_out.shape) * _numel(weight.shape[1:])
             return per * (int(bool(mask[0])) + int(bool(mask[1]))), "matmul"
+        if name in ("flash_attn", "flash_attn_backward"):
+            # fused causal attention on (B, L, H, D): QK^T and PV, half masked;
+            # backward recomputes QK^T and does four more products (2.5x)
+            q = args[1] if name == "flash_attn_backward" else args[0]
+            b, l, h, d = (int(x) for x in q.shape)
+            fwd = 2 * 2 * b * h * l * l * d // 2
+            return (fwd * 5 // 2 if name == "flash_attn_backward" else fwd), "matmul"
     except (IndexError, TypeError, AttributeError):
         pass
     n = sum(_numel(o.shape) for o in outs if isinstance(o, torch.Tensor))
@@ -149,6 +156,21 @@ def _extent(t: torch.Tensor) -> tuple[int, int] | None:
     elem = t.element_size()
     span = 1 + sum((s - 1) * abs(d) for s, d in zip(t.shape, t.stride()))
     return t.storage_offset() * elem, span * elem
+
+
+def _conv_backward_meta(grad_out, inp, weight, bias_sizes, stride, padding, dilation,
+                        transposed, output_padding, groups, mask):
+    """Shapes of aten::convolution_backward (torch 1.13 has no meta kernel for it)."""
+    gi = torch.empty_like(inp, memory_format=torch.contiguous_format) if mask[0] else None
+    gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if mask[1] else None
+    gb = None
+    if mask[2]:
+        n = bias_sizes[0] if bias_sizes else grad_out.shape[1]
+        gb = torch.empty((n,), dtype=grad_out.dtype, device=grad_out.device)
+    return gi, gw, gb
+
+
+_META_FALLBACKS = {torch.ops.aten.convolution_backward.default: _conv_backward_meta}
 
 
 class _Live:
@@ -216,7 +238,13 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.poll()
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except NotImplementedError:
+            fallback = _META_FALLBACKS.get(func)
+            if fallback is None or self.device.type != "meta":
+                raise
+            out = fallback(*args, **kwargs)
         self.ops += 1
         self._record(func, args, kwargs, out)
         return out

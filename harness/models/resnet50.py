@@ -1,0 +1,17 @@
+"""torchvision ResNet-50, image classification, cross-entropy.
+
+The defaults are the usual ImageNet shape (224x224, 1000 classes); `device`
+may be "meta" to record without computing (the committed trace does so).
+"""
+import torch
+import torch.nn.functional as F
+import torchvision
+
+
+def build(batch=32, resolution=224, classes=1000, steps=2, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    model = torchvision.models.resnet50(num_classes=classes).to(device)
+    batches = [(torch.randn(batch, 3, resolution, resolution, device=device),
+                torch.randint(0, classes, (batch,), device=device)) for _ in range(steps)]
+    return {"model": model, "batches": batches, "loss_fn": F.cross_entropy, "name": "resnet50",
+            "meta": {"batch": batch, "resolution": resolution}}
