@@ -1,5 +1,7 @@
 #include "config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -83,6 +85,28 @@ std::string set_stats_file(const std::string& v, Config* c) {
   return {};
 }
 
+std::string set_trace_file(const std::string& v, Config* c) {
+  if (v.empty()) return "a file path (Chrome trace JSON)";
+  c->trace_file = v;
+  return {};
+}
+
+std::string set_record_file(const std::string& v, Config* c) {
+  if (v.empty()) return "a file path (a .spwt trace, docs/trace-format.md)";
+  c->record_file = v;
+  return {};
+}
+
+std::string set_stacks(const std::string& v, Config* c) {
+  if (v == "1")
+    c->stacks = true;
+  else if (v == "0")
+    c->stacks = false;
+  else
+    return "1 (record the call site of each large allocation) or 0";
+  return {};
+}
+
 std::string set_cupti(const std::string& v, Config* c) {
   if (v == "auto")
     c->cupti = true;
@@ -108,6 +132,9 @@ const std::vector<Variable>& variables() {
       {"SPILLWAY_LOG_LEVEL", set_log_level},
       {"SPILLWAY_LOG_FILE", set_log_file},
       {"SPILLWAY_STATS", set_stats_file},
+      {"SPILLWAY_TRACE", set_trace_file},
+      {"SPILLWAY_RECORD", set_record_file},
+      {"SPILLWAY_STACKS", set_stacks},
       {"SPILLWAY_CUPTI", set_cupti},
       {"SPILLWAY_CUPTI_PATH", set_cupti_path},
   };
@@ -230,7 +257,34 @@ std::optional<Config> parse_config(char** env, std::string* error) {
       return std::nullopt;
     }
   }
+  for (std::string* path : {&c.log_file, &c.stats_file, &c.trace_file, &c.record_file})
+    *path = expand_path(*path, env);
   return c;
+}
+
+std::string expand_path(const std::string& path, char** env) {
+  auto get = [&](const char* name) -> const char* {
+    const size_t n = std::strlen(name);
+    for (char** e = env; e && *e; ++e)
+      if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
+    return nullptr;
+  };
+  const char* rank = get("RANK");
+  if (!rank || !*rank) rank = get("LOCAL_RANK");
+  if (!rank || !*rank) rank = "0";
+  std::string out;
+  for (size_t i = 0; i < path.size();) {
+    if (path.compare(i, 6, "{rank}") == 0) {
+      out += rank;
+      i += 6;
+    } else if (path.compare(i, 5, "{pid}") == 0) {
+      out += std::to_string(getpid());
+      i += 5;
+    } else {
+      out += path[i++];
+    }
+  }
+  return out;
 }
 
 }  // namespace spillway

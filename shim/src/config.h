@@ -31,16 +31,24 @@ struct Config {
   SizeSpec host_budget;  // unset: half of physical host memory
   uint64_t min_block = 1ull << 20;
   LogLevel log_level = LogLevel::kInfo;
-  std::string log_file;  // empty: stderr
-  std::string stats_file;
-  bool cupti = true;       // SPILLWAY_CUPTI=auto (true) | off
-  std::string cupti_path;  // empty: libcupti.so.13 from the library path
+  std::string log_file;     // empty: stderr
+  std::string stats_file;   // SPILLWAY_STATS
+  std::string trace_file;   // SPILLWAY_TRACE: Chrome trace JSON
+  std::string record_file;  // SPILLWAY_RECORD: a replayable .spwt trace
+  bool stacks = false;      // SPILLWAY_STACKS=1: call sites of large allocations
+  bool cupti = true;        // SPILLWAY_CUPTI=auto (true) | off
+  std::string cupti_path;   // empty: libcupti.so.13 from the library path
 };
 
 // Default headroom left to the CUDA context, libraries and other processes
 // when SPILLWAY_GPU_BUDGET is unset: the larger of 1 GiB and 5% of the device.
 uint64_t default_gpu_budget(uint64_t device_total);
 uint64_t default_host_budget(uint64_t host_total);
+
+// A file path from the configuration with `{rank}` replaced by the
+// process's rank (RANK, else LOCAL_RANK, else 0: what torchrun sets) and
+// `{pid}` by its process id, so that every rank of a job writes its own file.
+std::string expand_path(const std::string& path, char** env);
 
 // Parses `environ`. On error returns nullopt and a one-line message.
 std::optional<Config> parse_config(char** env, std::string* error);

@@ -394,3 +394,31 @@ TEST(ShimDocs, EveryStatisticsKeyIsDocumented) {
 }
 
 }  // namespace
+
+TEST(Config, TraceRecordAndStacksAreParsedAndBadValuesRefused) {
+  EXPECT_EQ(accepted("SPILLWAY_TRACE", "run.json").trace_file, "run.json");
+  EXPECT_EQ(accepted("SPILLWAY_RECORD", "job.spwt").record_file, "job.spwt");
+  EXPECT_TRUE(accepted("SPILLWAY_STACKS", "1").stacks);
+  EXPECT_FALSE(accepted("SPILLWAY_STACKS", "0").stacks);
+  refused("SPILLWAY_TRACE", "", "file path");
+  refused("SPILLWAY_RECORD", "", "file path");
+  refused("SPILLWAY_STACKS", "yes", "1");
+}
+
+TEST(Config, RankAndPidAreExpandedInFilePaths) {
+  std::vector<std::string> vars = {"RANK=3", "SPILLWAY_STATS=stats-{rank}.json",
+                                   "SPILLWAY_TRACE=t{rank}-{pid}.json"};
+  std::vector<char*> env;
+  for (auto& v : vars) env.push_back(v.data());
+  env.push_back(nullptr);
+  std::string error;
+  auto c = spillway::parse_config(env.data(), &error);
+  ASSERT_TRUE(c) << error;
+  EXPECT_EQ("stats-3.json", c->stats_file);
+  EXPECT_EQ("t3-" + std::to_string(getpid()) + ".json", c->trace_file);
+  std::vector<std::string> local = {"LOCAL_RANK=5"};
+  char* env2[] = {local[0].data(), nullptr};
+  EXPECT_EQ("a5{ran}", spillway::expand_path("a{rank}{ran}", env2));
+  char* none[] = {nullptr};
+  EXPECT_EQ("s0.json", spillway::expand_path("s{rank}.json", none));
+}
