@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libspdlog-dev libfmt-dev
-          libunwind-dev python3 python3-pytest)
+          libunwind-dev python3 python3-pytest
+          python3-torch python3-torchvision python3-numpy)  # the trace recorder and its tests
 
 missing=()
 for p in "${packages[@]}"; do
