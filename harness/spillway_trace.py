@@ -306,94 +306,84 @@ class _State:
 
 
 def _read_record(c: _Cursor, st: _State):
-    start = c.offset()
+    """One record. Malformed fields fail at their first byte; every other
+    problem of the record (ids, liveness, ranges, values) at its type byte."""
+    at = c.offset()
     rtype = c.u8()
     if rtype == T_STRING:
-        off = c.offset()
         sid = c.varint()
         n = c.varint()
         data = c.raw(n)
         if sid == 0:
-            raise TraceError(off, "string id 0 defined (ids start at 1)")
+            raise TraceError(at, "string id 0 defined (0 means none)")
         if sid in st.strings:
-            raise TraceError(off, f"string id {sid} defined twice")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TraceError(off, f"string {sid} is not UTF-8: {e}") from None
+            raise TraceError(at, f"string id {sid} defined twice")
         st.strings.add(sid)
-        return String(sid, text)
+        return String(sid, data.decode("utf-8", errors="replace"))
     if rtype == T_ALLOC:
-        off = c.offset()
-        alloc, size, stream = c.varint(), c.varint(), c.varint()
-        site_off = c.offset()
-        site = c.varint()
+        alloc, size, stream, site = c.varint(), c.varint(), c.varint(), c.varint()
         if alloc == 0:
-            raise TraceError(off, "allocation id 0 (ids start at 1)")
+            raise TraceError(at, "allocation id 0 (0 is reserved)")
         if alloc in st.ever:
-            raise TraceError(off, f"ALLOC reuses allocation id {alloc}")
-        st.string_used(site, site_off)
+            raise TraceError(at, f"ALLOC reuses allocation id {alloc}")
+        st.string_used(site, at)
         st.ever.add(alloc)
         st.live[alloc] = size
         return Alloc(alloc, size, stream, site)
     if rtype == T_FREE:
-        off = c.offset()
         alloc, stream = c.varint(), c.varint()
-        st.live_alloc(alloc, off, "FREE")
+        st.live_alloc(alloc, at, "FREE")
         del st.live[alloc]
         return Free(alloc, stream)
     if rtype == T_LAUNCH:
-        stream = c.varint()
-        name_off = c.offset()
-        name = c.varint()
-        st.string_used(name, name_off)
-        duration = c.varint()
+        stream, name, duration = c.varint(), c.varint(), c.varint()
+        n_at = c.offset()
         n = c.varint()
+        if n > (len(c.data) - c.pos) // 4:   # a touch takes at least 4 bytes
+            raise TraceError(n_at, f"LAUNCH claims {n} touches, more than its block can hold")
+        raw = [(c.varint(), c.varint(), c.varint(), c.u8()) for _ in range(n)]
+        st.string_used(name, at)
         touches = []
-        for _ in range(n):
-            toff = c.offset()
-            alloc, offset, length = c.varint(), c.varint(), c.varint()
-            mode_off = c.offset()
-            mode = c.u8()
-            size = st.live_alloc(alloc, toff, "touch")
+        for alloc, offset, length, mode in raw:
+            size = st.live_alloc(alloc, at, "touch")
             if offset + length > size:
-                raise TraceError(toff, f"touch [{offset}, {offset + length}) outside allocation "
-                                       f"{alloc} of {size} bytes")
+                raise TraceError(at, f"touch [{offset}, {offset + length}) outside allocation "
+                                     f"{alloc} of {size} bytes")
             if mode > READ_WRITE:
-                raise TraceError(mode_off, f"touch mode {mode} unknown")
+                raise TraceError(at, f"touch mode {mode} unknown")
             touches.append(Touch(alloc, offset, length, mode))
         st.launches += 1
         return Launch(stream, name, duration, tuple(touches))
     if rtype == T_COPY:
         stream = c.varint()
-        kind_off = c.offset()
         kind = c.u8()
-        if not COPY_H2D <= kind <= COPY_MEMSET:
-            raise TraceError(kind_off, f"copy kind {kind} unknown")
         nbytes, duration = c.varint(), c.varint()
-        refs = []
-        for _ in range(2):
-            roff = c.offset()
-            alloc, offset = c.varint(), c.varint()
-            if alloc:
-                st.live_alloc(alloc, roff, "copy reference")
-            refs.append(Ref(alloc, offset))
-        return Copy(stream, kind, nbytes, duration, refs[0], refs[1])
+        dst = Ref(c.varint(), c.varint())
+        src = Ref(c.varint(), c.varint())
+        if not COPY_H2D <= kind <= COPY_MEMSET:
+            raise TraceError(at, f"copy kind {kind} unknown")
+        if kind == COPY_MEMSET and src != (0, 0):
+            raise TraceError(at, "a memset COPY has a source (it must be written as 0, 0)")
+        for ref in (dst, src):
+            if ref.alloc:
+                size = st.live_alloc(ref.alloc, at, "copy reference")
+                if ref.offset + nbytes > size:
+                    raise TraceError(at, f"copy range [{ref.offset}, {ref.offset + nbytes}) outside "
+                                         f"allocation {ref.alloc} of {size} bytes")
+        return Copy(stream, kind, nbytes, duration, dst, src)
     if rtype == T_STEP:
         return Step(c.varint())
     if rtype == T_PHASE:
-        off = c.offset()
         phase = c.u8()
         if phase > PHASE_OPTIMIZER:
-            raise TraceError(off, f"phase {phase} unknown")
+            raise TraceError(at, f"phase {phase} unknown")
         return Phase(phase)
     if rtype == T_DURATION:
-        off = c.offset()
         launch, duration = c.varint(), c.varint()
         if launch >= st.launches:
-            raise TraceError(off, f"DURATION names launch {launch}; {st.launches} launches so far")
+            raise TraceError(at, f"DURATION names launch {launch}; {st.launches} launches so far")
         return Duration(launch, duration)
-    raise TraceError(start, f"unknown record type {rtype}")
+    raise TraceError(at, f"unknown record type {rtype}")
 
 
 def _read_exact(f, n: int, offset: int, what: str) -> bytes:
@@ -416,7 +406,7 @@ def read_header(f) -> dict:
     meta_bytes = _read_exact(f, meta_len, 16, "meta")
     (crc,) = struct.unpack("<I", _read_exact(f, 4, 16 + meta_len, "meta_crc"))
     if crc != zlib.crc32(meta_bytes):
-        raise TraceError(16 + meta_len, "meta CRC mismatch")
+        raise TraceError(16, "meta CRC mismatch")
     try:
         meta = json.loads(meta_bytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -445,12 +435,12 @@ def iter_records(path, meta_out: dict | None = None):
             if len(tag) == 0:
                 raise TraceError(pos, "end marker missing (file truncated)")
             if len(tag) < 4:
-                raise TraceError(pos, "file ends inside a block tag (truncated)")
+                raise TraceError(pos + len(tag), "file ends inside a block tag (truncated)")
             if tag == END_TAG:
                 rec_bytes = _read_exact(f, 8, pos + 4, "the end marker")
                 (crc,) = struct.unpack("<I", _read_exact(f, 4, pos + 12, "the end marker"))
                 if crc != zlib.crc32(rec_bytes):
-                    raise TraceError(pos + 12, "end marker CRC mismatch")
+                    raise TraceError(pos, "end marker CRC mismatch")
                 (records,) = struct.unpack("<Q", rec_bytes)
                 if records != total:
                     raise TraceError(pos + 4, f"end marker counts {records} records, "
@@ -471,10 +461,10 @@ def iter_records(path, meta_out: dict | None = None):
             c = _Cursor(payload, pos + 16)
             for i in range(count):
                 if c.pos >= length:
-                    raise TraceError(c.offset(), f"block holds {i} records, its header says {count}")
+                    raise TraceError(pos + 8, f"block holds {i} records, its header says {count}")
                 yield _read_record(c, st)
             if c.pos != length:
-                raise TraceError(c.offset(), f"block's {count} records end {length - c.pos} bytes "
+                raise TraceError(pos + 8, f"block's {count} records end {length - c.pos} bytes "
                                              f"before its length")
             total += count
             pos += 16 + length

@@ -135,7 +135,7 @@ def test_crc_offsets(tmp_path):
     data = bytearray(good)
     data[17] ^= 1
     e = refused(bad, bytes(data))
-    assert e.offset == 16 + meta_len and "meta CRC" in e.message
+    assert e.offset == 16 and "meta CRC" in e.message
     # magic, version, meta_len
     assert refused(bad, b"X" + good[1:]).offset == 0
     assert refused(bad, good[:8] + struct.pack("<I", 2) + good[12:]).offset == 8
@@ -169,10 +169,10 @@ def test_framing_of_records(tmp_path):
     step = bytes([6, 5])
     # count larger than the records
     e = refused(bad, frame(step, 2))
-    assert e.offset == PAYLOAD_AT + 2 and "holds 1 records" in e.message
+    assert e.offset == PAYLOAD_AT - 8 and "holds 1 records" in e.message
     # count smaller than the records
     e = refused(bad, frame(step + step, 1))
-    assert e.offset == PAYLOAD_AT + 2 and "before its length" in e.message
+    assert e.offset == PAYLOAD_AT - 8 and "before its length" in e.message
     # a record cut by the block end (varint runs past)
     e = refused(bad, frame(bytes([6, 0x80]), 1))
     assert e.offset == PAYLOAD_AT + 1 and "past the end" in e.message
@@ -192,6 +192,16 @@ def test_framing_of_records(tmp_path):
     assert e.offset == PAYLOAD_AT - 12
     e = refused(bad, frame(step, 0, records=0))
     assert e.offset == PAYLOAD_AT - 8
+    # a string running past its block: at the string's first byte
+    e = refused(bad, frame(bytes([1, 1, 5, 65]), 1))
+    assert e.offset == PAYLOAD_AT + 3 and "past the end" in e.message
+    # a LAUNCH claiming more touches than its block can hold: at the count
+    e = refused(bad, frame(bytes([4, 0, 0, 0, 2, 0, 0, 0, 0]), 1))
+    assert e.offset == PAYLOAD_AT + 4 and "claims 2 touches" in e.message
+    # end marker CRC: at END1
+    good = frame(step, 1)
+    e = refused(bad, good[:-1] + bytes([good[-1] ^ 1]))
+    assert e.offset == len(good) - 16 and "end marker CRC" in e.message
     # meta must be a JSON object
     e = refused(bad, frame(step, 1, meta=b"[1]"))
     assert e.offset == 16
@@ -214,6 +224,8 @@ def test_semantic_errors(tmp_path):
         (lambda w: w.launch(0, 7, 0, []), "string id 7 used before"),
         (lambda w: (w.write(st.String(1, "a")), w.write(st.String(1, "b"))), "defined twice"),
         (lambda w: w.write(st.String(0, "a")), "id 0"),
+        (lambda w: (w.alloc(1, 10), w.copy(0, st.COPY_D2H, 8, 1, (0, 0), (1, 4))), "copy range [4, 12)"),
+        (lambda w: (w.alloc(1, 10), w.copy(0, st.COPY_MEMSET, 8, 1, (1, 0), (0, 1))), "has a source"),
         (lambda w: w.alloc(1, 10, 0, 3), "string id 3"),
         (lambda w: (w.alloc(1, 10), w.free(1), w.alloc(1, 10)), "reuses"),
         (lambda w: w.alloc(0, 10), "allocation id 0"),
@@ -240,9 +252,9 @@ def test_semantic_offset_points_at_record(tmp_path):
         w.free(1)
         w.free(1)
     e, data = semantic(tmp_path, fn)
-    # payload: ALLOC(5 bytes) FREE(3) FREE(3): the second FREE's fields
+    # payload: ALLOC(5 bytes) FREE(3) FREE(3): the second FREE's type byte
     blk = data.index(b"BLK1")
-    assert e.offset == blk + 16 + 5 + 3 + 1
+    assert e.offset == blk + 16 + 5 + 3
 
 
 def test_check_summary(tmp_path):
