@@ -1,5 +1,8 @@
 #include "tracker.h"
 
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
 #include <cstring>
 
 #include "log.h"
@@ -10,6 +13,12 @@ namespace {
 // Driver calls made while handling a callback (cuFuncGetParamInfo, a
 // restore's cuMemMap...) fire callbacks too: ignore those.
 thread_local bool t_in_callback = false;
+// The correlation id of the driver call being handled on this thread.
+thread_local uint32_t t_correlation = 0;
+// Runtime launches scanned on this thread and not yet returned: the driver
+// launch the runtime makes inside one is the same launch (de-duplicated by
+// nesting: the two carry different correlation ids, cupti_callbacks.h).
+thread_local int t_runtime_scanned = 0;
 
 // The callbacks spillway needs, and only those (design.md 5).
 constexpr CUpti_CallbackId kLaunches[] = {
@@ -51,6 +60,44 @@ constexpr CUpti_CallbackId kCopiesAndSets[] = {
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz,
 };
 
+// Runtime-domain launches (design.md 5). The driver callbacks of the launch
+// the runtime makes inside them are skipped when the runtime one was scanned.
+constexpr CUpti_CallbackId kRuntimeLaunches[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000,
+    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
+};
+// Graphs: what is captured, what is instantiated, launched and destroyed.
+constexpr CUpti_CallbackId kGraphs[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy,
+};
+
+// The runtime's own lookup of a kernel's driver function from its host stub
+// (cudaFunction_t is CUfunction), found in the process's libcudart. Without
+// it, runtime launches are scanned by their nested driver callbacks.
+using GetFuncBySymbol = cudaError_t (*)(cudaFunction_t*, const void*);
+GetFuncBySymbol runtime_lookup() {
+  static GetFuncBySymbol fn =
+      reinterpret_cast<GetFuncBySymbol>(dlsym(RTLD_DEFAULT, "cudaGetFuncBySymbol"));
+  return fn;
+}
+
 // A _ptsz/_ptds call with a NULL stream means the thread's default stream.
 CUstream per_thread(CUstream s) {
   return s ? s : CU_STREAM_PER_THREAD;
@@ -58,7 +105,10 @@ CUstream per_thread(CUstream s) {
 
 struct Scope {
   Scope() { t_in_callback = true; }
-  ~Scope() { t_in_callback = false; }
+  ~Scope() {
+    t_in_callback = false;
+    t_correlation = 0;
+  }
 };
 
 }  // namespace
@@ -86,8 +136,19 @@ std::unique_ptr<Tracker> Tracker::start(const cupti::Api& api, const cu::Driver&
   bool ok = true;
   for (CUpti_CallbackId id : kLaunches) ok = enable(id) && ok;
   for (CUpti_CallbackId id : kCopiesAndSets) ok = enable(id) && ok;
+  for (CUpti_CallbackId id : kGraphs) ok = enable(id) && ok;
   if (!ok) return nullptr;  // the destructor unsubscribes
+  // The runtime domain is optional: the driver callbacks see every launch
+  // the runtime makes (a refusal here only loses the de-duplication).
+  for (CUpti_CallbackId id : kRuntimeLaunches)
+    if (api.cuptiEnableCallback(1, t->subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API, id) !=
+        CUPTI_SUCCESS)
+      log::debug("runtime-domain callback {} not enabled", id);
   return t;
+}
+
+uint32_t Tracker::current_correlation() {
+  return t_correlation;
 }
 
 Tracker::~Tracker() {
@@ -96,12 +157,242 @@ Tracker::~Tracker() {
 
 void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                 const void* data) {
-  if (t_in_callback || InternalCalls::active() || domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
   const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  auto* t = static_cast<Tracker*>(self);
+  if (t_in_callback || InternalCalls::active()) {
+    InternalCallHook hook = t->hook_.load(std::memory_order_acquire);
+    if (hook && domain == CUPTI_CB_DOMAIN_DRIVER_API && cb->callbackSite == CUPTI_API_ENTER)
+      hook(t->hook_ctx_, cbid, cb);
+    return;
+  }
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    // correlationData carries "scanned" from the enter to the exit callback.
+    if (cb->callbackSite == CUPTI_API_ENTER) {
+      Scope scope;
+      *cb->correlationData = t->on_runtime_launch(cbid, cb->functionParams) ? 1 : 0;
+      t_runtime_scanned += static_cast<int>(*cb->correlationData);
+    } else {
+      t_runtime_scanned -= static_cast<int>(*cb->correlationData);
+    }
+    return;
+  }
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
+  Scope scope;
+  t_correlation = cb->correlationId;
+  if (t->on_graph_call(cbid, cb)) return;
   // Before the call: the work is not queued yet, so a restore is in time.
   if (cb->callbackSite != CUPTI_API_ENTER) return;
-  Scope scope;
-  static_cast<Tracker*>(self)->on_driver_call(cbid, cb->functionParams);
+  t->on_driver_call(cbid, cb->functionParams);
+}
+
+bool Tracker::on_runtime_launch(CUpti_CallbackId cbid, const void* p) {
+  CUfunction f = nullptr;
+  void** args = nullptr;
+  CUstream stream = nullptr;
+  bool per_thread_stream = false;
+  switch (cbid) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
+      per_thread_stream = true;
+      [[fallthrough]];
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000: {
+      auto* a = static_cast<const cudaLaunchKernel_v7000_params*>(p);
+      GetFuncBySymbol lookup = runtime_lookup();
+      if (!lookup || lookup(reinterpret_cast<cudaFunction_t*>(&f), a->func) != cudaSuccess)
+        return false;
+      args = a->args;
+      stream = a->stream;
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
+      per_thread_stream = true;
+      [[fallthrough]];
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060: {
+      auto* a = static_cast<const cudaLaunchKernelExC_v11060_params*>(p);
+      GetFuncBySymbol lookup = runtime_lookup();
+      if (!lookup || lookup(reinterpret_cast<cudaFunction_t*>(&f), a->func) != cudaSuccess)
+        return false;
+      args = a->args;
+      stream = a->config ? a->config->stream : nullptr;
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
+      per_thread_stream = true;
+      [[fallthrough]];
+    case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000: {
+      // No params struct in the headers: the arguments are laid out as the
+      // signature in crt/device_functions.h (cudaKernel_t is a CUkernel,
+      // which the driver's parameter queries take).
+      struct Params {
+        cudaKernel_t kernel;
+        dim3 gridDim, blockDim;
+        void** args;
+        size_t sharedMem;
+        cudaStream_t stream;
+      };
+      auto* a = static_cast<const Params*>(p);
+      f = reinterpret_cast<CUfunction>(a->kernel);
+      args = a->args;
+      stream = a->stream;
+      break;
+    }
+    default:
+      return false;
+  }
+  if (!f) return false;
+  scan_launch(f, args, nullptr, per_thread_stream ? per_thread(stream) : stream);
+  return true;
+}
+
+void Tracker::deliver(const Access& a, const Touch* t, size_t n) {
+  // Work queued into a stream capture runs whenever its graph is launched:
+  // its blocks are held instead (and the capturing stream is not recorded as
+  // a user: no event may be recorded on it outside the capture).
+  if (capturing_.load(std::memory_order_acquire) > 0) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    if (d_.cuStreamGetCaptureInfo(a.stream, &status, &id, nullptr, nullptr, nullptr, nullptr) ==
+            CUDA_SUCCESS &&
+        status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      {
+        std::lock_guard lk(graphs_mu_);
+        auto& held = captures_[id];
+        held.insert(held.end(), t, t + n);
+      }
+      sink_.hold(t, n);
+      return;
+    }
+  }
+  sink_.before_use(a, t, n);
+}
+
+bool Tracker::on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb) {
+  const bool enter = cb->callbackSite == CUPTI_API_ENTER;
+  const void* p = cb->functionParams;
+  auto succeeded = [&] {
+    return cb->functionReturnValue &&
+           *static_cast<const CUresult*>(cb->functionReturnValue) == CUDA_SUCCESS;
+  };
+  auto capture_id = [&](CUstream s) -> cuuint64_t {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    if (d_.cuStreamGetCaptureInfo(s, &status, &id, nullptr, nullptr, nullptr, nullptr) !=
+            CUDA_SUCCESS ||
+        status == CU_STREAM_CAPTURE_STATUS_NONE)
+      return 0;
+    return id;
+  };
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz: {
+      if (enter || !succeeded()) return true;
+      // Both parameter structs start with the stream.
+      auto* a = static_cast<const cuStreamBeginCapture_v2_params*>(p);
+      const bool ptsz = cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz ||
+                        cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz;
+      const CUstream s = ptsz ? per_thread(a->hStream) : a->hStream;
+      // The id is readable only while the capture is active (cuda.h,
+      // cuStreamGetCaptureInfo): keep it for the end of the capture.
+      const cuuint64_t id = capture_id(s);
+      std::lock_guard lk(graphs_mu_);
+      origins_[s] = id;
+      capturing_.fetch_add(1, std::memory_order_acq_rel);
+      return true;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz: {
+      if (enter) return true;
+      auto* a = static_cast<const cuStreamEndCapture_params*>(p);
+      const CUstream s = cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz
+                             ? per_thread(a->hStream)
+                             : a->hStream;
+      std::vector<Touch> held;
+      {
+        std::lock_guard lk(graphs_mu_);
+        auto origin = origins_.find(s);
+        if (origin == origins_.end()) return true;  // not a capture we saw begin
+        const cuuint64_t id = origin->second;
+        origins_.erase(origin);
+        capturing_.fetch_sub(1, std::memory_order_acq_rel);
+        if (auto it = captures_.find(id); it != captures_.end()) {
+          held = std::move(it->second);
+          captures_.erase(it);
+        }
+        // The graph keeps the holds; a failed capture gives them back.
+        if (succeeded() && a->phGraph && *a->phGraph) {
+          auto& g = graphs_[*a->phGraph];
+          g.insert(g.end(), held.begin(), held.end());
+          return true;
+        }
+      }
+      if (!held.empty()) sink_.release(held.data(), held.size());
+      return true;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2: {
+      if (enter || !succeeded()) return true;
+      // Every instantiation variant starts with (CUgraphExec*, CUgraph).
+      auto* a = static_cast<const cuGraphInstantiateWithFlags_params*>(p);
+      std::vector<Touch> held;
+      {
+        std::lock_guard lk(graphs_mu_);
+        auto it = graphs_.find(a->hGraph);
+        if (it == graphs_.end() || !a->phGraphExec || !*a->phGraphExec) return true;
+        held = it->second;
+        execs_[*a->phGraphExec] = held;
+      }
+      // The executable outlives the graph it came from: it holds on its own.
+      if (!held.empty()) sink_.hold(held.data(), held.size());
+      return true;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz: {
+      if (!enter) return true;
+      auto* a = static_cast<const cuGraphLaunch_params*>(p);
+      const CUstream s =
+          cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz ? per_thread(a->hStream) : a->hStream;
+      std::vector<Touch> used;
+      {
+        std::lock_guard lk(graphs_mu_);
+        auto it = execs_.find(a->hGraph);
+        if (it == execs_.end()) return true;
+        used = it->second;
+      }
+      launches_.fetch_add(1, std::memory_order_relaxed);
+      const Access access{Access::Kind::kGraphLaunch, s, nullptr,
+                          seq_.fetch_add(1, std::memory_order_relaxed) + 1};
+      if (!used.empty()) deliver(access, used.data(), used.size());
+      return true;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy: {
+      if (!enter) return true;
+      std::vector<Touch> held;
+      {
+        std::lock_guard lk(graphs_mu_);
+        if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy) {
+          auto* a = static_cast<const cuGraphExecDestroy_params*>(p);
+          if (auto it = execs_.find(a->hGraphExec); it != execs_.end()) {
+            held = std::move(it->second);
+            execs_.erase(it);
+          }
+        } else {
+          auto* a = static_cast<const cuGraphDestroy_params*>(p);
+          if (auto it = graphs_.find(a->hGraph); it != graphs_.end()) {
+            held = std::move(it->second);
+            graphs_.erase(it);
+          }
+        }
+      }
+      if (!held.empty()) sink_.release(held.data(), held.size());
+      return true;
+    }
+    default:
+      return false;
+  }
 }
 
 void Tracker::report(Access::Kind kind, const Touch* t, size_t n, CUstream stream) {
@@ -112,11 +403,16 @@ void Tracker::report(Access::Kind kind, const Touch* t, size_t n, CUstream strea
     if (sink_.may_own(t[i].lo) || sink_.may_own(t[i].hi - 1)) kept[mine++] = t[i];
   if (mine == 0) return;
   touches_.fetch_add(mine, std::memory_order_relaxed);
-  sink_.before_use(Access{kind, stream, nullptr, seq}, kept, mine);
+  deliver(Access{kind, stream, nullptr, seq}, kept, mine);
 }
 
 void Tracker::on_driver_call(CUpti_CallbackId cbid, const void* p) {
   auto range = [](CUdeviceptr a, size_t n) { return Touch{a, a + (n ? n : 1)}; };
+  // A launch the runtime makes for a runtime launch already scanned.
+  if (t_runtime_scanned > 0) {
+    for (CUpti_CallbackId id : kLaunches)
+      if (id == cbid) return;
+  }
   switch (cbid) {
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel: {
       auto* a = static_cast<const cuLaunchKernel_params*>(p);
@@ -254,7 +550,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   auto flush = [&] {
     if (count == 0) return;
     touches_.fetch_add(count, std::memory_order_relaxed);
-    sink_.before_use(access, found, count);
+    deliver(access, found, count);
     count = 0;
   };
   auto word = [&](const unsigned char* at) {

@@ -7,7 +7,10 @@
 // (cuFuncGetParamInfo, or cuKernelGetParamInfo for a CUkernel), cached per
 // function: every 8-byte-aligned word of the packed arguments is a candidate
 // pointer, interior pointers included; `extra` buffers are scanned whole.
-// Only the driver domain is subscribed: runtime launches reach the driver.
+// Runtime-domain launches are scanned too when the process's libcudart can
+// name their driver function; the driver launch nested inside one is then
+// skipped. Work captured into a CUDA graph holds its blocks resident for as
+// long as the graph or an executable made from it exists.
 #pragma once
 
 #include <cuda.h>
@@ -37,6 +40,19 @@ class Tracker {
   Tracker(const Tracker&) = delete;
   Tracker& operator=(const Tracker&) = delete;
 
+  // spillway's own driver calls (under InternalCalls, or made inside a
+  // callback) are not tracked, but `hook` sees them at enter, so that a trace
+  // writer can find their activity records by correlation id. Set it before
+  // the first allocation; it must be quick and must not call CUDA.
+  using InternalCallHook = void (*)(void* ctx, CUpti_CallbackId cbid, const CUpti_CallbackData* cb);
+  void set_internal_call_hook(InternalCallHook hook, void* ctx) {
+    hook_ctx_ = ctx;
+    hook_.store(hook, std::memory_order_release);
+  }
+  // The correlation id of the driver call whose callback this thread is
+  // handling (0 outside one): what a restore made for that call belongs to.
+  static uint32_t current_correlation();
+
   uint64_t launches_seen() const { return launches_.load(std::memory_order_relaxed); }
   uint64_t touches_reported() const { return touches_.load(std::memory_order_relaxed); }
 
@@ -55,6 +71,12 @@ class Tracker {
   static void CUPTIAPI callback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                 const void* data);
   void on_driver_call(CUpti_CallbackId cbid, const void* params);
+  // Returns whether the runtime launch was scanned.
+  bool on_runtime_launch(CUpti_CallbackId cbid, const void* params);
+  // Capture and graph calls; false if `cbid` is not one.
+  bool on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb);
+  // To the sink: before_use, or a hold when the stream is capturing.
+  void deliver(const Access& a, const Touch* t, size_t n);
   const Layout& layout(CUfunction f);
   void report(Access::Kind kind, const Touch* t, size_t n, CUstream stream);
 
@@ -65,6 +87,16 @@ class Tracker {
   std::mutex layouts_mu_;
   std::unordered_map<CUfunction, std::unique_ptr<Layout>> layouts_;
   std::atomic<uint64_t> launches_{0}, touches_{0}, seq_{0};
+  std::atomic<InternalCallHook> hook_{nullptr};
+  void* hook_ctx_ = nullptr;
+  // CUDA graphs: the ranges touched by work captured so far (by capture id),
+  // and those each graph and executable graph holds resident.
+  std::atomic<int> capturing_{0};
+  std::mutex graphs_mu_;
+  std::unordered_map<CUstream, cuuint64_t> origins_;  // capturing stream -> capture id
+  std::unordered_map<cuuint64_t, std::vector<Touch>> captures_;
+  std::unordered_map<CUgraph, std::vector<Touch>> graphs_;
+  std::unordered_map<CUgraphExec, std::vector<Touch>> execs_;
 };
 
 }  // namespace spillway

@@ -565,7 +565,19 @@ size_t Allocator::evict_for(size_t want, Cause cause) {
   return evict_blocks(choose_victims(want), cause);
 }
 
+// An event recorded on a capturing stream would become part of the graph
+// (and a wait on it would join the waiter into the capture): spillway does
+// not order its own work after a stream while it captures.
+CUresult Allocator::not_capturing(CUstream s) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = d_.cuStreamIsCapturing(s, &status);
+  if (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return r;
+}
+
 CUresult Allocator::order_after(CUstream waiter, CUstream s) {
+  if (CUresult c = not_capturing(s); c != CUDA_SUCCESS) return c;
   CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
   if (r == CUDA_SUCCESS) r = CU_CALL(d_, cuStreamWaitEvent, waiter, ev_.get(), 0);
   return r;
@@ -579,6 +591,7 @@ CUresult Allocator::order_after_users(CUstream waiter, const Block* b) {
 }
 
 CUresult Allocator::drain(CUstream s) {
+  if (CUresult c = not_capturing(s); c != CUDA_SUCCESS) return c;
   CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
   if (r == CUDA_SUCCESS) r = CU_CALL(d_, cuEventSynchronize, ev_.get());
   return r;

@@ -144,6 +144,7 @@ class Allocator final : public AccessSink {
   CUresult order_after_users(CUstream waiter, const Block* b);
   // Blocks the host until work queued so far on `s` is done.
   CUresult drain(CUstream s);
+  CUresult not_capturing(CUstream s);
 
   // Device physical memory held: live, cached and pooled blocks, small chunks.
   uint64_t resident() const { return dev_.held(); }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "allocator.h"
 #include "cupti_api.h"
 #include "driver.h"
@@ -254,4 +256,77 @@ TEST_F(JitteredTrackerTest, CrossStreamUseWithoutRecordStreamDoesNotCorrupt) {
   cuEventDestroy_v2(ready);
   cuStreamDestroy_v2(a);
   cuStreamDestroy_v2(b);
+}
+
+// Work captured into a graph reads its blocks whenever the graph is launched:
+// they stay resident while the graph or an executable graph made from it
+// exists, whatever the budget asks; once both are gone they can be evicted.
+TEST_F(TrackerTest, CapturedBlocksStayResidentWhileTheGraphExists) {
+  const size_t bytes = 4 * MiB;
+  CUstream s;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  void* p = alloc_->malloc(bytes, s);
+  std::vector<uint64_t> h(bytes / 8);
+  fill_host(h, 21);
+  ASSERT_CU(cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(p), h.data(), bytes));
+  ASSERT_CU(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  launch_check(p, 512, 21, bytes, s);  // an interior pointer, captured
+  CUgraph graph = nullptr;
+  ASSERT_CU(cuStreamEndCapture(s, &graph));
+  CUgraphExec exec = nullptr;
+  ASSERT_CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  EXPECT_EQ(0u, g_bad.load()) << "nothing runs during capture";
+  // Evicting it is refused while the graph exists (a budget would skip it too).
+  ASSERT_NE(CUDA_SUCCESS, alloc_->evict(p));
+  EXPECT_EQ(Allocator::Residency::kDevice, alloc_->residency(p));
+  const uint64_t remote = remote_bytes();
+  for (int i = 0; i < 2; ++i) ASSERT_CU(cuGraphLaunch(exec, s));
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(remote, remote_bytes()) << "the graph read host memory";
+  EXPECT_EQ(0u, g_bad.load());
+  // The executable holds on its own once the graph is gone.
+  ASSERT_CU(cuGraphDestroy(graph));
+  ASSERT_NE(CUDA_SUCCESS, alloc_->evict(p));
+  ASSERT_CU(cuGraphExecDestroy(exec));
+  ASSERT_CU(alloc_->evict(p));
+  EXPECT_EQ(Allocator::Residency::kHost, alloc_->residency(p));
+  alloc_->free(p, bytes, s);
+  cuStreamDestroy_v2(s);
+}
+
+TEST_F(TrackerTest, AFailedCaptureGivesItsBlocksBack) {
+  const size_t bytes = 4 * MiB;
+  CUstream s;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  void* p = alloc_->malloc(bytes, s);
+  ASSERT_CU(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  launch_check(p, 0, 22, bytes, s);
+  EXPECT_NE(CUDA_SUCCESS, cuStreamSynchronize(s));  // invalidates the capture
+  CUgraph graph = nullptr;
+  EXPECT_NE(CUDA_SUCCESS, cuStreamEndCapture(s, &graph));
+  ASSERT_CU(alloc_->evict(p));
+  alloc_->free(p, bytes, s);
+  cuStreamDestroy_v2(s);
+}
+
+// A stand-in for the process's libcudart: the tracker looks this up to find
+// the driver function of a runtime launch (the sim's runtime emulation passes
+// the CUfunction itself as the host stub).
+extern "C" cudaError_t cudaGetFuncBySymbol(cudaFunction_t* f, const void* symbol) {
+  *f = reinterpret_cast<cudaFunction_t>(const_cast<void*>(symbol));
+  return cudaSuccess;
+}
+
+TEST_F(TrackerTest, ARuntimeLaunchIsScannedOnceAndRestores) {
+  void* p = evicted_block(23);
+  CheckArgs a{static_cast<const uint64_t*>(p), 23, 4 * MiB, 0};
+  void* params[] = {&a.p, &a.seed, &a.bytes, &a.offset};
+  const uint64_t launches = tracker_->launches_seen();
+  const uint64_t remote = remote_bytes();
+  ASSERT_CU(simcuda_runtime_launch(check_, {1, 1, 1}, {1, 1, 1}, params, 0, nullptr));
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(launches + 1, tracker_->launches_seen()) << "the nested driver launch counted again";
+  EXPECT_EQ(remote, remote_bytes());
+  EXPECT_EQ(Allocator::Residency::kDevice, alloc_->residency(p));
+  EXPECT_EQ(0u, g_bad.load());
 }
