@@ -45,6 +45,13 @@ size_t spillway_stats_json(char* buf, size_t len);
 int spillway_pin(const void* ptr, size_t size);
 int spillway_unpin(const void* ptr, size_t size);
 
+/* Checks the SPILLWAY_* environment as the first spillway_malloc would, without
+ * starting anything: returns 0 if it is valid, else 1 with the one-line message
+ * the first call would print before exiting (docs/config.md) written into msg
+ * (at most len bytes, NUL-terminated when len > 0). The Python bootstrap calls
+ * it when torch is imported, to raise that message as an exception. */
+int spillway_check_config(char* msg, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

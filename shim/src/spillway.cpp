@@ -4,7 +4,10 @@
 
 #include <cstring>
 
+#include "config.h"
 #include "runtime.h"
+
+extern char** environ;
 
 using spillway::Runtime;
 
@@ -60,4 +63,15 @@ ABI_EXPORT int spillway_pin(const void* ptr, size_t size) {
 
 ABI_EXPORT int spillway_unpin(const void* ptr, size_t size) {
   return pin(ptr, size, false);
+}
+
+ABI_EXPORT int spillway_check_config(char* msg, size_t len) {
+  std::string error;
+  if (spillway::parse_config(environ, &error)) error.clear();
+  if (msg && len > 0) {
+    size_t n = std::min(len - 1, error.size());
+    std::memcpy(msg, error.data(), n);
+    msg[n] = '\0';
+  }
+  return error.empty() ? 0 : 1;
 }

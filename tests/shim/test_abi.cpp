@@ -349,9 +349,9 @@ TEST_F(ShimAbi, ExportsExactlyTheFourAbiFunctions) {
     if (name.empty()) continue;
     names.insert(name.substr(0, name.find('@')));
   }
-  const std::set<std::string> expected = {"spillway_malloc",    "spillway_free",
-                                          "spillway_mark_step", "spillway_stats_json",
-                                          "spillway_pin",       "spillway_unpin"};
+  const std::set<std::string> expected = {
+      "spillway_malloc", "spillway_free",  "spillway_mark_step",   "spillway_stats_json",
+      "spillway_pin",    "spillway_unpin", "spillway_check_config"};
   EXPECT_EQ(names, expected) << text;
 }
 
