@@ -38,6 +38,7 @@ struct Access {
   CUstream stream = nullptr;
   const char* name = nullptr;  // kernel name (lives as long as the process), or null
   uint64_t seq = 0;            // one per launch, copy or set: batches of one call share it
+  uint32_t correlation = 0;    // CUPTI's correlation id of the call (activity records carry it)
 };
 
 class AccessSink {

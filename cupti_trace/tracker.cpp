@@ -165,6 +165,7 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
       hook(t->hook_ctx_, cbid, cb);
     return;
   }
+  t_correlation = cb->correlationId;
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
     // correlationData carries "scanned" from the enter to the exit callback.
     if (cb->callbackSite == CUPTI_API_ENTER) {
@@ -363,7 +364,7 @@ bool Tracker::on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb)
       }
       launches_.fetch_add(1, std::memory_order_relaxed);
       const Access access{Access::Kind::kGraphLaunch, s, nullptr,
-                          seq_.fetch_add(1, std::memory_order_relaxed) + 1};
+                          seq_.fetch_add(1, std::memory_order_relaxed) + 1, t_correlation};
       if (!used.empty()) deliver(access, used.data(), used.size());
       return true;
     }
@@ -403,7 +404,7 @@ void Tracker::report(Access::Kind kind, const Touch* t, size_t n, CUstream strea
     if (sink_.may_own(t[i].lo) || sink_.may_own(t[i].hi - 1)) kept[mine++] = t[i];
   if (mine == 0) return;
   touches_.fetch_add(mine, std::memory_order_relaxed);
-  deliver(Access{kind, stream, nullptr, seq}, kept, mine);
+  deliver(Access{kind, stream, nullptr, seq, t_correlation}, kept, mine);
 }
 
 void Tracker::on_driver_call(CUpti_CallbackId cbid, const void* p) {
@@ -541,7 +542,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   launches_.fetch_add(1, std::memory_order_relaxed);
   const Layout& l = layout(f);
   const Access access{Access::Kind::kLaunch, stream, l.name,
-                      seq_.fetch_add(1, std::memory_order_relaxed) + 1};
+                      seq_.fetch_add(1, std::memory_order_relaxed) + 1, t_correlation};
   // On the launch path: no heap allocation. Touches are reported in batches
   // of a fixed size (a kernel with more pointer arguments just reports twice).
   constexpr size_t kBatch = 32;

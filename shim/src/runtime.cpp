@@ -67,6 +67,12 @@ void Runtime::start() {
     log::error("cuInit failed: {}", cu::describe(*driver_, r));
     driver_ = nullptr;
   }
+  if (!cfg_.record_file.empty()) {
+    recorder_ = Recorder::open(cfg_.record_file, &why);
+    if (!recorder_)
+      log::warn("cannot write SPILLWAY_RECORD file '{}' ({}): not recording", cfg_.record_file,
+                why);
+  }
   if (driver_ && cfg_.mode == Mode::kHost) start_tracking();
   std::atexit([] {
     if (Runtime* rt = peek()) rt->report_at_exit();
@@ -112,6 +118,7 @@ void Runtime::for_each_owner(const Touch* touches, size_t n, F&& f) {
 
 void Runtime::before_use(const Access& access, const Touch* touches, size_t n) {
   for_each_owner(touches, n, [&](Allocator& a, const Touch& t) { a.before_use(access, &t, 1); });
+  if (recorder_) recorder_->on_access(access, touches, n);
 }
 
 void Runtime::hold(const Touch* touches, size_t n) {
@@ -219,6 +226,7 @@ Stats Runtime::stats() {
 
 void Runtime::report_at_exit() {
   Stats s = stats();
+  if (recorder_) recorder_->close();
   // The one line a user always gets (unless SPILLWAY_LOG_LEVEL=off), even at
   // a quieter level than info.
   auto& l = log::get();

@@ -15,6 +15,7 @@
 #include "allocator.h"
 #include "tracker.h"
 #include "config.h"
+#include "recorder.h"
 #include "driver.h"
 
 namespace spillway {
@@ -29,7 +30,12 @@ class Runtime final : public AccessSink {
 
   Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
   Stats stats();
-  void mark_step() { steps_.fetch_add(1, std::memory_order_relaxed); }
+  void mark_step() {
+    const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (recorder_) recorder_->on_step(next);
+  }
+  // SPILLWAY_RECORD's writer, or null.
+  Recorder* recorder() { return recorder_.get(); }
   // A malloc that returned NULL before reaching an allocator (no driver, bad
   // device): counted with the out-of-memory results.
   void note_unserved() { unserved_.fetch_add(1, std::memory_order_relaxed); }
@@ -60,6 +66,7 @@ class Runtime final : public AccessSink {
   std::array<std::atomic<Allocator*>, kMaxDevices> active_{};  // lock-free lookups
   std::atomic<size_t> active_count_{0};
   std::unique_ptr<Tracker> tracker_;
+  std::unique_ptr<Recorder> recorder_;
   bool blind_ = false;
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> unserved_{0};

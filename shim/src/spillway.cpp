@@ -16,15 +16,22 @@ using spillway::Runtime;
 ABI_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
   Runtime& rt = Runtime::get();
   spillway::Allocator* a = rt.allocator(device);
-  if (a) return a->malloc(size, stream);
+  if (a) {
+    void* p = a->malloc(size, stream);
+    if (spillway::Recorder* r = rt.recorder(); r && p) r->on_alloc(p, size, stream, nullptr);
+    return p;
+  }
   if (size) rt.note_unserved();
   return nullptr;
 }
 
 ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* stream) {
   if (!ptr) return;
-  spillway::Allocator* a = Runtime::get().allocator(device);
-  if (a) a->free(ptr, size, stream);
+  Runtime& rt = Runtime::get();
+  spillway::Allocator* a = rt.allocator(device);
+  if (!a) return;
+  if (spillway::Recorder* r = rt.recorder()) r->on_free(ptr, size, stream);
+  a->free(ptr, size, stream);
 }
 
 ABI_EXPORT void spillway_mark_step(void) {

@@ -1,0 +1,144 @@
+// SPILLWAY_RECORD: a job's record read back has the job's events, in order;
+// a damaged record is refused with the offset of the damage; a record that
+// cannot be written costs the job nothing.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "trace/trace.h"
+
+namespace fs = std::filesystem;
+namespace tr = spillway::trace;
+
+namespace {
+
+constexpr uint64_t kBig = 4u << 20, kSmall = 4096;
+
+// Runs the probe with SPILLWAY_RECORD=path; returns its exit status and output.
+int run_probe(const std::string& record, std::string* out) {
+  const std::string cmd = "env -u LD_PRELOAD SPILLWAY_RECORD='" + record +
+                          "' SPILLWAY_CUPTI_PATH='" SIM_CUPTI "' SPILLWAY_LOG_LEVEL=info " +
+                          RECORD_PROBE " '" SHIM_LIBRARY "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) *out += buf;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string temp_path(const char* name) {
+  return (fs::temp_directory_path() / (std::string(name) + "-" + std::to_string(getpid())))
+      .string();
+}
+
+std::vector<tr::Event> read_all(const std::string& path, std::string* error) {
+  tr::Reader r;
+  std::vector<tr::Event> events;
+  if (!r.open(path)) {
+    *error = r.error().to_string();
+    return events;
+  }
+  tr::Event e;
+  for (;;) {
+    auto st = r.next(e);
+    if (st == tr::Reader::Status::kEnd) break;
+    if (st == tr::Reader::Status::kError) {
+      *error = r.error().to_string();
+      break;
+    }
+    events.push_back(e);
+  }
+  return events;
+}
+
+}  // namespace
+
+TEST(Record, TheJobsEventsReadBackInOrder) {
+  const std::string path = temp_path("spillway-record.spwt");
+  std::string out;
+  ASSERT_EQ(0, run_probe(path, &out)) << out;
+  EXPECT_NE(std::string::npos, out.find("SPILLWAY_RECORD")) << out;
+  std::string error;
+  auto ev = read_all(path, &error);
+  ASSERT_EQ("", error);
+  // Strings are interned as they first appear; kernel durations (DURATION
+  // records) may come from activity records: they are checked apart.
+  std::vector<tr::Event> want = {
+      tr::StepRec{0},
+      tr::AllocRec{1, kBig, 0, 0},
+      tr::AllocRec{2, kBig, 0, 0},
+      tr::AllocRec{3, kSmall, 0, 0},
+      tr::StringRec{1, "probe_kernel"},
+      tr::LaunchRec{0, 1, 0, {{1, 0, kBig, 0}, {2, 0, kBig, 0}, {3, 0, kSmall, 0}}},
+      tr::StringRec{2, "[memset]"},
+      tr::LaunchRec{0, 2, 0, {{2, 4096, 64, 0}}},
+      tr::StepRec{1},
+      tr::FreeRec{1, 0},
+      tr::LaunchRec{0, 1, 0, {{2, 0, kBig, 0}, {3, 0, kSmall, 0}}},
+      tr::FreeRec{2, 0},
+      tr::FreeRec{3, 0},
+  };
+  std::vector<tr::Event> got;
+  std::vector<tr::DurationRec> durations;
+  for (auto& e : ev) {
+    if (auto* d = std::get_if<tr::DurationRec>(&e))
+      durations.push_back(*d);
+    else
+      got.push_back(e);
+  }
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(want[i] == got[i])
+        << "record " << i << " differs (type " << tr::name_of(tr::type_of(got[i])) << ")";
+  // Every duration names one of the three launches, at most once.
+  for (auto& d : durations) EXPECT_LT(d.launch, 3u);
+  fs::remove(path);
+}
+
+TEST(Record, ATruncatedOrCorruptedRecordIsRefusedWithItsOffset) {
+  const std::string path = temp_path("spillway-record-cut.spwt");
+  std::string out;
+  ASSERT_EQ(0, run_probe(path, &out)) << out;
+  const auto size = fs::file_size(path);
+  std::string bytes(size, '\0');
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.read(bytes.data(), static_cast<std::streamsize>(size));
+  }
+  // Cut short: the end marker is missing.
+  {
+    std::ofstream cut(path, std::ios::binary | std::ios::trunc);
+    cut.write(bytes.data(), static_cast<std::streamsize>(size - 5));
+  }
+  std::string error;
+  read_all(path, &error);
+  EXPECT_NE(std::string::npos, error.find("offset")) << error;
+  // One flipped byte inside the first block's payload: its CRC fails.
+  std::string flipped = bytes;
+  const size_t header = 8 + 4 + 4 + static_cast<uint8_t>(bytes[12]) + 4;  // meta < 256 bytes
+  flipped[header + 16 + 2] ^= 0x40;
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
+  }
+  error.clear();
+  read_all(path, &error);
+  EXPECT_NE(std::string::npos, error.find("offset " + std::to_string(header))) << error;
+  EXPECT_NE(std::string::npos, error.find("CRC")) << error;
+  fs::remove(path);
+}
+
+TEST(Record, AnUnwritableRecordWarnsAndTheJobRunsOn) {
+  std::string out;
+  ASSERT_EQ(0, run_probe("/nonexistent-dir/x/record.spwt", &out)) << out;
+  EXPECT_NE(std::string::npos, out.find("cannot write SPILLWAY_RECORD")) << out;
+  EXPECT_NE(std::string::npos, out.find("done")) << out;
+}
