@@ -74,6 +74,7 @@ void Runtime::start() {
                 why);
   }
   if (driver_ && cfg_.mode == Mode::kHost) start_tracking();
+  if (!cfg_.trace_file.empty()) start_trace();
   std::atexit([] {
     if (Runtime* rt = peek()) rt->report_at_exit();
   });
@@ -94,6 +95,20 @@ void Runtime::start_tracking() {
       "running without access tracking ({}): evicted blocks are read over the link until "
       "restored, and eviction ahead of need is off",
       why);
+}
+
+void Runtime::start_trace() {
+  std::string why;
+  // Device timestamps need CUPTI, which the tracker holds when it runs.
+  const cupti::Api* api = tracker_ ? cupti::load(cfg_.cupti_path, &why) : nullptr;
+  trace_ = ChromeTrace::open(cfg_.trace_file, api, &why);
+  if (!trace_) {
+    log::warn("cannot write SPILLWAY_TRACE file '{}' ({}): no trace", cfg_.trace_file, why);
+    return;
+  }
+  if (!why.empty()) log::warn("SPILLWAY_TRACE: {}: kernels are missing", why);
+  if (tracker_) tracker_->set_internal_call_hook(&ChromeTrace::internal_call, trace_.get());
+  trace_->install_signal_handlers();
 }
 
 bool Runtime::may_own(uintptr_t p) const {
@@ -161,6 +176,7 @@ Allocator* Runtime::allocator(int device) {
   o.evict = cfg_.mode == Mode::kHost;
   // Evicting ahead of need is safe only when every access is seen.
   o.background = tracker_ != nullptr;
+  o.observer = trace_.get();
   o.gpu_budget = cfg_.mode == Mode::kOff ? 0
                  : cfg_.gpu_budget.set   ? cfg_.gpu_budget.resolve(total)
                                          : default_gpu_budget(total);
@@ -229,9 +245,12 @@ void Runtime::report_at_exit() {
   if (recorder_) recorder_->close();
   // The one line a user always gets (unless SPILLWAY_LOG_LEVEL=off), even at
   // a quieter level than info.
+  if (trace_) trace_->finish();
   auto& l = log::get();
-  if (cfg_.log_level != LogLevel::kOff)
+  if (cfg_.log_level != LogLevel::kOff) {
     l.log(std::max(l.level(), spdlog::level::info), "{}", summary_line(s));
+    if (trace_) l.log(std::max(l.level(), spdlog::level::info), "{}", trace_->describe());
+  }
   if (!cfg_.stats_file.empty()) {
     std::FILE* f = std::fopen(cfg_.stats_file.c_str(), "w");
     if (!f) {

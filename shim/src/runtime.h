@@ -13,6 +13,7 @@
 
 #include "access_sink.h"
 #include "allocator.h"
+#include "chrome_trace.h"
 #include "tracker.h"
 #include "config.h"
 #include "recorder.h"
@@ -56,6 +57,7 @@ class Runtime final : public AccessSink {
   void start();
   void report_at_exit();
   void start_tracking();
+  void start_trace();  // SPILLWAY_TRACE
 
   Config cfg_;
   const cu::Driver* driver_ = nullptr;
@@ -66,6 +68,7 @@ class Runtime final : public AccessSink {
   std::array<std::atomic<Allocator*>, kMaxDevices> active_{};  // lock-free lookups
   std::atomic<size_t> active_count_{0};
   std::unique_ptr<Tracker> tracker_;
+  std::unique_ptr<ChromeTrace> trace_;  // the allocators' observer
   std::unique_ptr<Recorder> recorder_;
   bool blind_ = false;
   std::atomic<uint64_t> steps_{0};

@@ -1,0 +1,802 @@
+#include "chrome_trace.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "tracker.h"
+
+namespace spillway {
+namespace {
+
+// Tracks of spillway's own copies, one per direction, in each GPU's process.
+// CUPTI stream ids are small integers, far below these.
+constexpr uint64_t kTidEvict = 1000000001;    // device to host
+constexpr uint64_t kTidRestore = 1000000002;  // host to device
+constexpr size_t kMaxTracks = 1024;
+constexpr size_t kMaxName = 256;
+constexpr int kActivityFlushMs = 200;
+constexpr int kRingWaitMs = 100;     // a producer's wait for room before dropping
+constexpr int kSignalWaitMs = 2000;  // a signal handler's wait for the writer
+
+const char* copy_kind_name(uint8_t k) {
+  switch (k) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA:
+      return "HtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH:
+      return "AtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOA:
+      return "AtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOD:
+      return "AtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOA:
+      return "DtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH:
+      return "HtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return "PtoP";
+    default:
+      return "unknown";
+  }
+}
+
+// A JSON string body: quotes, backslashes and control characters escaped,
+// cut at kMaxName bytes.
+std::string json_escape(const char* s) {
+  std::string out;
+  if (!s) return out;
+  for (size_t i = 0; s[i] && i < kMaxName; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// The simulated driver exports its own API next to CUDA's.
+bool driver_is_simulated() {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return false;
+  const bool sim = dlsym(h, "simcuda_now_ns") != nullptr;
+  dlclose(h);
+  return sim;
+}
+
+// Signal handling (install_signal_handlers).
+std::atomic<ChromeTrace*> g_signal_trace{nullptr};
+struct sigaction g_prev_int, g_prev_term;
+
+void on_signal(int sig, siginfo_t* info, void* uctx) {
+  const int saved = errno;
+  const struct sigaction& prev = sig == SIGINT ? g_prev_int : g_prev_term;
+  const bool handler = (prev.sa_flags & SA_SIGINFO) != 0;
+  const bool fatal = !handler && prev.sa_handler == SIG_DFL;
+  if (ChromeTrace* t = g_signal_trace.load(std::memory_order_acquire)) t->signal_flush(fatal);
+  if (handler) {
+    if (prev.sa_sigaction) prev.sa_sigaction(sig, info, uctx);
+  } else if (fatal) {
+    // The default action, with the signal still the cause of death: it is
+    // blocked while this handler runs and delivered when it returns.
+    sigaction(sig, &prev, nullptr);
+    raise(sig);
+  } else if (prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+  }
+  errno = saved;
+}
+
+}  // namespace
+
+// 64 bytes, trivially copyable: what a producer hands over.
+struct ChromeTrace::HostEvent {
+  enum class Kind : uint8_t { kTransfer, kMemory, kOom, kInternalCopy };
+  Kind kind = Kind::kMemory;
+  bool to_host = false;
+  Cause cause = Cause::kBudget;
+  int32_t device = 0;
+  uint32_t correlation = 0;      // kInternalCopy: the copy's
+  uint32_t for_correlation = 0;  // kTransfer: the driver call it was made for (0: none)
+  uint64_t ptr = 0, bytes = 0;
+  uint64_t a = 0, b = 0, c = 0;  // see push sites
+  uint64_t at = 0;               // trace clock when it was observed
+};
+
+// The writer's bounded tables joining spillway's copies to their activity
+// records by correlation id. Each holds at most `cap` entries; when full,
+// the oldest goes out as it is (a transfer on the host clock, a copy as not
+// committed), so nothing grows and nothing is lost.
+struct ChromeTrace::Join {
+  struct Copy {  // spillway's copy of block `src` on `stream`, as called
+    uint64_t src = 0, stream = 0, seq = 0;
+    uint32_t correlation = 0;
+  };
+  struct Waiting {  // a transfer whose record has not arrived
+    HostEvent t;
+    uint32_t correlation = 0;
+    uint64_t seq = 0;
+  };
+  struct Record {  // a record of spillway's copy whose transfer has not arrived
+    cupti::DeviceRecord r;
+    uint64_t stream = 0, seq = 0;
+  };
+  explicit Join(size_t cap) : cap(cap) {}
+  size_t cap;
+  uint64_t seq = 0;
+  std::vector<Copy> copies;
+  std::vector<Waiting> waiting;
+  std::vector<Record> records;
+  size_t peak = 0;
+  template <class V>
+  size_t oldest(const V& v) const {
+    size_t o = 0;
+    for (size_t i = 1; i < v.size(); ++i)
+      if (v[i].seq < v[o].seq) o = i;
+    return o;
+  }
+  size_t note() { return peak = std::max({peak, copies.size(), waiting.size(), records.size()}); }
+};
+
+ChromeTrace::ChromeTrace(std::string path, const cupti::Api* api, Limits limits)
+    : path_(std::move(path)), api_(api), limits_(limits), owner_pid_(getpid()) {}
+
+std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cupti::Api* api,
+                                               std::string* why, Limits limits) {
+  limits.ring_events = std::max<size_t>(limits.ring_events, 16);
+  limits.out_bytes = std::max<size_t>(limits.out_bytes, 8192);
+  limits.join_slots = std::max<size_t>(limits.join_slots, 4);
+  limits.flush_ms = std::max(limits.flush_ms, 1);
+  std::unique_ptr<ChromeTrace> t(new ChromeTrace(path, api, limits));
+  t->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (t->fd_ < 0) {
+    *why = std::string("cannot create it: ") + std::strerror(errno);
+    return nullptr;
+  }
+  int p[2];
+  if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+    *why = std::string("pipe2: ") + std::strerror(errno);
+    ::close(t->fd_);
+    return nullptr;
+  }
+  t->wake_r_ = p[0];
+  t->wake_w_ = p[1];
+  t->ring_.reset(new HostEvent[limits.ring_events]);
+  t->batch_.reset(new HostEvent[limits.ring_events]);
+  t->out_.reset(new char[limits.out_bytes]);
+  t->join_ = std::make_unique<Join>(limits.join_slots);
+  t->join_->copies.reserve(limits.join_slots);
+  t->join_->waiting.reserve(limits.join_slots);
+  t->join_->records.reserve(limits.join_slots);
+  t->tracks_.reserve(kMaxTracks);
+  t->c_.ring_cap = limits.ring_events;
+  t->c_.out_cap = limits.out_bytes;
+  t->c_.join_cap = limits.join_slots;
+  t->simulated_ = driver_is_simulated();
+  if (api) {
+    std::string no_activity;
+    t->activity_ =
+        cupti::ActivityBuffers::start(*api, &ChromeTrace::wake_cb, t.get(), &no_activity);
+    if (!t->activity_) {
+      // Spillway's events still go out, on the host clock.
+      t->api_ = nullptr;
+      *why = "no device timestamps (" + no_activity + ")";
+    } else {
+      t->c_.activity_buffers = cupti::ActivityBuffers::kBuffers;
+    }
+  }
+  // One timeline: CUPTI's clock when there is one (activity records use it,
+  // and host-side events are stamped with cuptiGetTimestamp when observed),
+  // else CLOCK_MONOTONIC. Timestamps are written relative to a base one
+  // second before the start (threads of the simulator whose virtual clock is
+  // behind the opening thread's stay positive; 0 when the clock is younger).
+  t->start_trace_ns_ = t->now();
+  t->start_monotonic_ns_ = monotonic_ns();
+  t->base_ = t->start_trace_ns_ > 1000000000ull ? t->start_trace_ns_ - 1000000000ull : 0;
+  std::string head = "[";
+  t->out_len_ = 0;
+  std::memcpy(t->out_.get(), head.data(), head.size());
+  t->out_len_ = head.size();
+  t->line(
+      "{\"name\":\"spillway trace start\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%s,"
+      "\"args\":{\"clock\":\"%s\",\"simulated_time\":%s,\"base_ns\":%" PRIu64
+      ",\"trace_clock_at_start_ns\":%" PRIu64 ",\"monotonic_at_start_ns\":%" PRIu64 ",\"pid\":%d}}",
+      t->ts(t->start_trace_ns_).c_str(),
+      t->api_ ? "cupti (cuptiGetTimestamp and activity records)" : "host (CLOCK_MONOTONIC)",
+      t->simulated_ ? "true" : "false", t->base_, t->start_trace_ns_, t->start_monotonic_ns_,
+      t->owner_pid_);
+  t->write_out();
+  t->last_activity_flush_ns_ = monotonic_ns();
+  t->writer_ = std::thread([p = t.get()] { p->run(); });
+  return t;
+}
+
+ChromeTrace::~ChromeTrace() {
+  finish();
+  ChromeTrace* self = this;
+  g_signal_trace.compare_exchange_strong(self, nullptr);
+  if (writer_.joinable()) writer_.detach();  // a forked child's copy: no thread to join
+  if (wake_r_ >= 0) ::close(wake_r_);
+  if (wake_w_ >= 0) ::close(wake_w_);
+}
+
+uint64_t ChromeTrace::now() const {
+  uint64_t t = 0;
+  if (api_ && api_->cuptiGetTimestamp(&t) == CUPTI_SUCCESS) return t;
+  return monotonic_ns();
+}
+
+void ChromeTrace::wake() {
+  const char b = 1;
+  // Non-blocking: a full pipe already holds a wake-up.
+  [[maybe_unused]] ssize_t r = ::write(wake_w_, &b, 1);
+}
+
+void ChromeTrace::push(const HostEvent& e) {
+  std::unique_lock lk(ring_mu_);
+  if (!accepting_) {
+    ++late_;
+    return;
+  }
+  if (ring_count_ == limits_.ring_events) {
+    lk.unlock();
+    wake();
+    lk.lock();
+    ring_space_.wait_for(lk, std::chrono::milliseconds(kRingWaitMs),
+                         [&] { return ring_count_ < limits_.ring_events || !accepting_; });
+    if (!accepting_) {
+      ++late_;
+      return;
+    }
+    if (ring_count_ == limits_.ring_events) {
+      ++dropped_;
+      return;
+    }
+  }
+  ring_[(ring_head_ + ring_count_) % limits_.ring_events] = e;
+  ++ring_count_;
+  ring_peak_ = std::max(ring_peak_, ring_count_);
+  const bool half = ring_count_ == limits_.ring_events / 2;
+  lk.unlock();
+  if (half) wake();
+}
+
+void ChromeTrace::on_transfer(const Transfer& t) {
+  HostEvent e;
+  e.kind = HostEvent::Kind::kTransfer;
+  e.to_host = t.to_host;
+  e.cause = t.cause;
+  e.device = t.device;
+  e.for_correlation = Tracker::current_correlation();
+  e.ptr = t.ptr;
+  e.bytes = t.bytes;
+  e.a = reinterpret_cast<uint64_t>(t.stream);
+  e.b = t.queued_ns;
+  e.c = t.done_ns;
+  e.at = now();
+  push(e);
+}
+
+void ChromeTrace::on_memory(int device, uint64_t resident, uint64_t host, uint64_t budget) {
+  {
+    // Unchanged samples add nothing to a counter track.
+    std::lock_guard lk(ring_mu_);
+    if (device >= 0 && device < 1024) {
+      const auto d = static_cast<size_t>(device);
+      if (last_memory_.size() <= d) last_memory_.resize(d + 1);
+      LastMemory& m = last_memory_[d];
+      if (m.resident == resident && m.host == host && m.budget == budget) return;
+      m = {resident, host, budget};
+    }
+  }
+  HostEvent e;
+  e.kind = HostEvent::Kind::kMemory;
+  e.device = device;
+  e.a = resident;
+  e.b = host;
+  e.c = budget;
+  e.at = now();
+  push(e);
+}
+
+void ChromeTrace::on_oom_avoided(int device, size_t need, size_t freed) {
+  HostEvent e;
+  e.kind = HostEvent::Kind::kOom;
+  e.device = device;
+  e.a = need;
+  e.b = freed;
+  e.at = now();
+  push(e);
+}
+
+void ChromeTrace::internal_call(void* self, CUpti_CallbackId cbid, const CUpti_CallbackData* cb) {
+  HostEvent e;
+  e.kind = HostEvent::Kind::kInternalCopy;
+  e.correlation = cb->correlationId;
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz: {
+      // The two layouts are the same: dst, src, bytes, stream.
+      const auto* p = static_cast<const cuMemcpyDtoDAsync_v2_params*>(cb->functionParams);
+      e.ptr = p->srcDevice;
+      e.bytes = p->ByteCount;
+      e.a = reinterpret_cast<uint64_t>(p->hStream);
+      break;
+    }
+    default:
+      return;  // spillway queues no other work of its own
+  }
+  static_cast<ChromeTrace*>(self)->push(e);
+}
+
+std::string ChromeTrace::ts(uint64_t t) {
+  if (t < base_) {
+    std::lock_guard lk(counters_mu_);
+    ++c_.clamped;
+    t = base_;
+  }
+  const uint64_t rel = t - base_;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%" PRIu64 ".%03u", rel / 1000, static_cast<unsigned>(rel % 1000));
+  return buf;
+}
+
+void ChromeTrace::line(const char* fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  // Every format above bounds its strings well below the buffer.
+  const size_t len = std::min(static_cast<size_t>(n), sizeof buf - 1);
+  const size_t need = len + 2;  // ',' or nothing, then '\n'
+  if (out_len_ + need > limits_.out_bytes) write_out();
+  char* o = out_.get() + out_len_;
+  if (!first_event_) *o++ = ',';
+  first_event_ = false;
+  std::memcpy(o, buf, len);
+  o += len;
+  *o++ = '\n';
+  out_len_ = static_cast<size_t>(o - out_.get());
+  std::lock_guard lk(counters_mu_);
+  c_.out_peak = std::max(c_.out_peak, out_len_);
+}
+
+void ChromeTrace::write_out() {
+  if (out_len_ == 0 || fd_ < 0) return;
+  // Whole lines only, in one write: a cut file ends at a line boundary
+  // unless the process dies inside this very call.
+  if (!write_all(fd_, out_.get(), out_len_)) {
+    ::close(fd_);
+    fd_ = -1;  // a full disk ends the trace, not the job
+  }
+  std::lock_guard lk(counters_mu_);
+  c_.bytes_written += out_len_;
+  out_len_ = 0;
+}
+
+void ChromeTrace::ensure_track(uint32_t pid, uint64_t tid) {
+  for (const auto& t : tracks_)
+    if (t.first == pid && t.second == tid) return;
+  if (tracks_.size() >= kMaxTracks) return;  // unnamed beyond this
+  bool new_pid = true;
+  for (const auto& t : tracks_) new_pid = new_pid && t.first != pid;
+  tracks_.emplace_back(pid, tid);
+  if (new_pid)
+    line("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"args\":{\"name\":\"GPU %u%s\"}}",
+         pid, pid, simulated_ ? " (simulated time)" : "");
+  if (tid == kTidEvict || tid == kTidRestore) {
+    line("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
+         ",\"args\":{\"name\":\"%s\"}}",
+         pid, tid,
+         tid == kTidEvict ? "spillway evictions (device to host)"
+                          : "spillway restores (host to device)");
+    line("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
+         ",\"args\":{\"sort_index\":%d}}",
+         pid, tid, tid == kTidEvict ? -2 : -1);
+  } else {
+    line("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
+         ",\"args\":{\"name\":\"stream %" PRIu64 "\"}}",
+         pid, tid, tid);
+  }
+}
+
+void ChromeTrace::emit_transfer(const HostEvent& t, const cupti::DeviceRecord* r) {
+  const uint64_t tid = t.to_host ? kTidEvict : kTidRestore;
+  const auto pid = static_cast<uint32_t>(t.device);
+  ensure_track(pid, tid);
+  uint64_t start, end;
+  if (r) {
+    start = r->start;
+    end = std::max(r->end, r->start);
+  } else {
+    // Host clock: the copy's duration from CLOCK_MONOTONIC, ending when
+    // spillway saw it complete (stamped on the trace clock then).
+    const uint64_t dur = t.c > t.b ? t.c - t.b : 0;
+    end = t.at;
+    start = end > dur ? end - dur : 0;
+  }
+  char block[32];
+  std::snprintf(block, sizeof block, "0x%" PRIx64, t.ptr);
+  char corr[64] = "";
+  if (r) std::snprintf(corr, sizeof corr, ",\"correlation\":%u", r->correlation);
+  char for_corr[64] = "";
+  if (t.for_correlation)
+    std::snprintf(for_corr, sizeof for_corr, ",\"for_correlation\":%u", t.for_correlation);
+  const std::string s = ts(start), d = ts(base_ + (end - start));
+  line("{\"name\":\"%s (%s)\",\"cat\":\"spillway\",\"ph\":\"X\",\"pid\":%u,\"tid\":%" PRIu64
+       ",\"ts\":%s,\"dur\":%s,\"args\":{\"block\":\"%s\",\"bytes\":%" PRIu64
+       ",\"cause\":\"%s\",\"clock\":\"%s\"%s%s}}",
+       t.to_host ? "evict" : "restore", cause_name(t.cause), pid, tid, s.c_str(), d.c_str(), block,
+       t.bytes, cause_name(t.cause), r ? "device" : "host", corr, for_corr);
+  std::lock_guard lk(counters_mu_);
+  (t.to_host ? c_.evictions : c_.restores) += 1;
+  (t.to_host ? c_.bytes_evicted : c_.bytes_restored) += t.bytes;
+  (r ? c_.transfers_device_clock : c_.transfers_host_clock) += 1;
+}
+
+void ChromeTrace::emit_uncommitted(const cupti::DeviceRecord& r, uint64_t) {
+  // A copy spillway queued but did not commit (an eviction cancelled because
+  // the block was used meanwhile, or rolled back): it took link time.
+  ensure_track(r.device, kTidEvict);
+  const std::string s = ts(r.start), d = ts(base_ + (std::max(r.end, r.start) - r.start));
+  line(
+      "{\"name\":\"copy not "
+      "committed\",\"cat\":\"spillway\",\"ph\":\"X\",\"pid\":%u,\"tid\":%" PRIu64
+      ",\"ts\":%s,\"dur\":%s,\"args\":{\"bytes\":%" PRIu64
+      ",\"clock\":\"device\",\"correlation\":%u}}",
+      r.device, kTidEvict, s.c_str(), d.c_str(), r.bytes, r.correlation);
+  std::lock_guard lk(counters_mu_);
+  ++c_.uncommitted_copies;
+}
+
+void ChromeTrace::emit_record(const cupti::DeviceRecord& r) {
+  ensure_track(r.device, r.stream);
+  const std::string s = ts(r.start), d = ts(base_ + (std::max(r.end, r.start) - r.start));
+  switch (r.kind) {
+    case cupti::DeviceRecord::Kind::kKernel: {
+      const std::string name = json_escape(r.name ? r.name : "kernel");
+      line(
+          "{\"name\":\"%s\",\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%s,"
+          "\"dur\":%s,\"args\":{\"correlation\":%u,\"grid\":[%d,%d,%d],\"block\":[%d,%d,%d],"
+          "\"clock\":\"device\"}}",
+          name.c_str(), r.device, r.stream, s.c_str(), d.c_str(), r.correlation, r.grid[0],
+          r.grid[1], r.grid[2], r.block[0], r.block[1], r.block[2]);
+      std::lock_guard lk(counters_mu_);
+      ++c_.kernels;
+      break;
+    }
+    case cupti::DeviceRecord::Kind::kMemcpy: {
+      line(
+          "{\"name\":\"memcpy %s\",\"cat\":\"memcpy\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,"
+          "\"ts\":%s,\"dur\":%s,\"args\":{\"bytes\":%" PRIu64
+          ",\"correlation\":%u,\"clock\":\"device\"}}",
+          copy_kind_name(r.copy_kind), r.device, r.stream, s.c_str(), d.c_str(), r.bytes,
+          r.correlation);
+      std::lock_guard lk(counters_mu_);
+      ++c_.memcpys;
+      break;
+    }
+    case cupti::DeviceRecord::Kind::kMemset: {
+      line(
+          "{\"name\":\"memset\",\"cat\":\"memset\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,"
+          "\"ts\":%s,\"dur\":%s,\"args\":{\"bytes\":%" PRIu64
+          ",\"value\":%u,\"correlation\":%u,\"clock\":\"device\"}}",
+          r.device, r.stream, s.c_str(), d.c_str(), r.bytes, r.value, r.correlation);
+      std::lock_guard lk(counters_mu_);
+      ++c_.memsets;
+      break;
+    }
+  }
+}
+
+void ChromeTrace::note_join() {
+  const size_t peak = join_->note();
+  std::lock_guard lk(counters_mu_);
+  c_.join_peak = peak;
+}
+
+void ChromeTrace::on_host_event(const HostEvent& e) {
+  Join& j = *join_;
+  switch (e.kind) {
+    case HostEvent::Kind::kInternalCopy: {
+      // The latest copy of this block on this stream is the one a transfer
+      // will report; an older one never committed.
+      auto it = std::find_if(j.copies.begin(), j.copies.end(), [&](const Join::Copy& c) {
+        return c.src == e.ptr && c.stream == e.a;
+      });
+      if (it == j.copies.end()) {
+        if (j.copies.size() == j.cap) j.copies.erase(j.copies.begin() + j.oldest(j.copies));
+        j.copies.push_back({});
+        it = j.copies.end() - 1;
+      }
+      *it = {e.ptr, e.a, ++j.seq, e.correlation};
+      note_join();
+      return;
+    }
+    case HostEvent::Kind::kTransfer: {
+      auto it = std::find_if(j.copies.begin(), j.copies.end(), [&](const Join::Copy& c) {
+        return c.src == e.ptr && c.stream == e.a;
+      });
+      if (it == j.copies.end()) return emit_transfer(e, nullptr);  // no activity: host clock
+      const uint32_t corr = it->correlation;
+      j.copies.erase(it);
+      auto rec = std::find_if(j.records.begin(), j.records.end(),
+                              [&](const Join::Record& r) { return r.r.correlation == corr; });
+      if (rec != j.records.end()) {
+        const cupti::DeviceRecord r = rec->r;
+        j.records.erase(rec);
+        return emit_transfer(e, &r);
+      }
+      if (j.waiting.size() == j.cap) {
+        const size_t o = j.oldest(j.waiting);
+        emit_transfer(j.waiting[o].t, nullptr);
+        j.waiting.erase(j.waiting.begin() + o);
+      }
+      j.waiting.push_back({e, corr, ++j.seq});
+      note_join();
+      return;
+    }
+    case HostEvent::Kind::kMemory: {
+      ensure_track(static_cast<uint32_t>(e.device), kTidEvict);
+      const std::string t = ts(e.at);
+      line(
+          "{\"name\":\"spillway memory\",\"ph\":\"C\",\"pid\":%d,\"ts\":%s,\"args\":{"
+          "\"resident_bytes\":%" PRIu64 ",\"host_bytes\":%" PRIu64 ",\"budget_bytes\":%" PRIu64
+          "}}",
+          e.device, t.c_str(), e.a, e.b, e.c);
+      std::lock_guard lk(counters_mu_);
+      ++c_.memory_samples;
+      return;
+    }
+    case HostEvent::Kind::kOom: {
+      ensure_track(static_cast<uint32_t>(e.device), kTidEvict);
+      const std::string t = ts(e.at);
+      line(
+          "{\"name\":\"OOM avoided\",\"cat\":\"spillway\",\"ph\":\"i\",\"s\":\"t\",\"pid\":%d,"
+          "\"tid\":%" PRIu64 ",\"ts\":%s,\"args\":{\"need_bytes\":%" PRIu64
+          ",\"freed_bytes\":%" PRIu64 ",\"clock\":\"host\"}}",
+          e.device, kTidEvict, t.c_str(), e.a, e.b);
+      std::lock_guard lk(counters_mu_);
+      ++c_.ooms_avoided;
+      return;
+    }
+  }
+}
+
+void ChromeTrace::on_record(const cupti::DeviceRecord& r) {
+  Join& j = *join_;
+  if (r.kind == cupti::DeviceRecord::Kind::kMemcpy) {
+    auto w = std::find_if(j.waiting.begin(), j.waiting.end(),
+                          [&](const Join::Waiting& x) { return x.correlation == r.correlation; });
+    if (w != j.waiting.end()) {
+      const HostEvent t = w->t;
+      j.waiting.erase(w);
+      return emit_transfer(t, &r);
+    }
+    auto c = std::find_if(j.copies.begin(), j.copies.end(),
+                          [&](const Join::Copy& x) { return x.correlation == r.correlation; });
+    if (c != j.copies.end()) {
+      // spillway's copy, its transfer not reported yet (or never: cancelled).
+      if (j.records.size() == j.cap) {
+        const size_t o = j.oldest(j.records);
+        emit_uncommitted(j.records[o].r, j.records[o].stream);
+        j.records.erase(j.records.begin() + o);
+      }
+      j.records.push_back({r, c->stream, ++j.seq});
+      note_join();
+      return;
+    }
+    // A copy of spillway's whose block was copied again since: never committed.
+  }
+  emit_record(r);
+}
+
+void ChromeTrace::cycle(bool flush_activity) {
+  if (activity_ && flush_activity) {
+    activity_->flush();
+    last_activity_flush_ns_ = monotonic_ns();
+  }
+  // Records completed before the ring is read: every copy they hold was
+  // announced (at the call) before it ran, so its ring event is read first.
+  size_t n = 0;
+  {
+    std::lock_guard lk(ring_mu_);
+    n = ring_count_;
+    for (size_t i = 0; i < n; ++i) batch_[i] = ring_[(ring_head_ + i) % limits_.ring_events];
+    ring_head_ = (ring_head_ + n) % limits_.ring_events;
+    ring_count_ = 0;
+  }
+  ring_space_.notify_all();
+  for (size_t i = 0; i < n; ++i) on_host_event(batch_[i]);
+  if (activity_) activity_->drain([&](const cupti::DeviceRecord& r) { on_record(r); });
+  write_out();
+}
+
+void ChromeTrace::run() {
+  // Signals go to the job's threads, never here: this thread is the one a
+  // handler waits for.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  while (!stop_.load(std::memory_order_acquire)) {
+    pollfd p{wake_r_, POLLIN, 0};
+    ::poll(&p, 1, limits_.flush_ms);
+    char drain[64];
+    while (::read(wake_r_, drain, sizeof drain) > 0) {
+    }
+    const uint64_t sig = sig_requests_.load(std::memory_order_acquire);
+    const bool signalled = sig != sig_done_.load(std::memory_order_acquire);
+    const bool due = monotonic_ns() - last_activity_flush_ns_ >= kActivityFlushMs * 1000000ull;
+    cycle(due || signalled);
+    if (signalled) {
+      if (sig_fatal_.load(std::memory_order_acquire)) {
+        close_file();
+        closed_.store(true, std::memory_order_release);
+      }
+      sig_done_.store(sig, std::memory_order_release);
+    }
+  }
+}
+
+void ChromeTrace::close_file() {
+  {
+    std::lock_guard lk(ring_mu_);
+    accepting_ = false;
+  }
+  ring_space_.notify_all();
+  cycle(true);
+  // Whatever is still unmatched goes out as it is.
+  Join& j = *join_;
+  for (const auto& w : j.waiting) emit_transfer(w.t, nullptr);
+  j.waiting.clear();
+  for (const auto& r : j.records) emit_uncommitted(r.r, r.stream);
+  j.records.clear();
+  if (activity_) {
+    std::lock_guard lk(counters_mu_);
+    c_.records_dropped = activity_->dropped();
+    c_.activity_buffers_peak = activity_->peak_in_use();
+  }
+  const Counters c = counters();
+  const std::string t = ts(std::max(now(), start_trace_ns_));
+  line(
+      "{\"name\":\"spillway trace end\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%s,"
+      "\"args\":{\"kernels\":%" PRIu64 ",\"memcpys\":%" PRIu64 ",\"memsets\":%" PRIu64
+      ",\"evictions\":%" PRIu64 ",\"restores\":%" PRIu64 ",\"bytes_evicted\":%" PRIu64
+      ",\"bytes_restored\":%" PRIu64 ",\"transfers_device_clock\":%" PRIu64
+      ",\"transfers_host_clock\":%" PRIu64 ",\"uncommitted_copies\":%" PRIu64
+      ",\"memory_samples\":%" PRIu64 ",\"ooms_avoided\":%" PRIu64 ",\"events_dropped\":%" PRIu64
+      ",\"records_dropped\":%" PRIu64 ",\"clamped_timestamps\":%" PRIu64
+      ",\"ring_peak\":%zu,\"ring_cap\":%zu,\"out_peak_bytes\":%zu,\"out_cap_bytes\":%zu,"
+      "\"join_peak\":%zu,\"join_cap\":%zu,\"activity_buffers_peak\":%zu,"
+      "\"activity_buffers\":%zu,\"activity_buffer_bytes\":%zu}}",
+      t.c_str(), c.kernels, c.memcpys, c.memsets, c.evictions, c.restores, c.bytes_evicted,
+      c.bytes_restored, c.transfers_device_clock, c.transfers_host_clock, c.uncommitted_copies,
+      c.memory_samples, c.ooms_avoided, c.events_dropped, c.records_dropped, c.clamped, c.ring_peak,
+      c.ring_cap, c.out_peak, c.out_cap, c.join_peak, c.join_cap, c.activity_buffers_peak,
+      c.activity_buffers, cupti::ActivityBuffers::kBufferBytes);
+  const char tail[] = "]\n";
+  if (out_len_ + sizeof tail > limits_.out_bytes) write_out();
+  std::memcpy(out_.get() + out_len_, tail, sizeof tail - 1);
+  out_len_ += sizeof tail - 1;
+  write_out();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  std::lock_guard lk(counters_mu_);
+  c_.closed = true;
+}
+
+void ChromeTrace::finish() {
+  if (getpid() != owner_pid_) return;  // a fork's copy: the parent owns the file
+  std::lock_guard lk(finish_mu_);
+  if (finished_) return;
+  finished_ = true;
+  stop_.store(true, std::memory_order_release);
+  wake();
+  if (writer_.joinable()) writer_.join();
+  if (!closed_.load(std::memory_order_acquire)) close_file();
+  closed_.store(true, std::memory_order_release);
+}
+
+void ChromeTrace::signal_flush(bool fatal) {
+  // Async-signal-safe: lock-free atomics, write(2) and nanosleep only. The
+  // writer thread does the work (it blocks these signals); this waits for it
+  // a bounded time, so a writer stuck behind a lock the interrupted thread
+  // holds cannot hang the process: the file then ends at its last write.
+  if (getpid() != owner_pid_ || closed_.load(std::memory_order_acquire) ||
+      stop_.load(std::memory_order_acquire))
+    return;
+  if (fatal) sig_fatal_.store(true, std::memory_order_release);
+  const uint64_t ticket = sig_requests_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  wake();
+  const timespec ms{0, 1000000};
+  for (int i = 0; i < kSignalWaitMs; ++i) {
+    if (sig_done_.load(std::memory_order_acquire) >= ticket) return;
+    nanosleep(&ms, nullptr);
+  }
+}
+
+void ChromeTrace::install_signal_handlers() {
+  ChromeTrace* expected = nullptr;
+  if (!g_signal_trace.compare_exchange_strong(expected, this)) return;
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = &on_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) {
+    struct sigaction& prev = sig == SIGINT ? g_prev_int : g_prev_term;
+    if (sigaction(sig, nullptr, &prev) != 0) continue;
+    const bool ignored = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_IGN;
+    if (!ignored) sigaction(sig, &sa, nullptr);
+  }
+}
+
+ChromeTrace::Counters ChromeTrace::counters() const {
+  Counters c;
+  {
+    std::lock_guard lk(counters_mu_);
+    c = c_;
+  }
+  std::lock_guard lk(ring_mu_);
+  c.events_dropped = dropped_;
+  c.events_late = late_;
+  c.ring_peak = ring_peak_;
+  return c;
+}
+
+std::string ChromeTrace::describe() const {
+  const Counters c = counters();
+  char buf[768];
+  std::snprintf(buf, sizeof buf,
+                "trace %s: %" PRIu64 " kernels, %" PRIu64 " memcpys, %" PRIu64 " memsets, %" PRIu64
+                " evictions (%" PRIu64 " bytes), %" PRIu64 " restores (%" PRIu64 " bytes), %" PRIu64
+                " on the device clock and %" PRIu64 " on the host clock, %" PRIu64
+                " memory samples, %" PRIu64 " OOMs avoided%s%s",
+                path_.c_str(), c.kernels, c.memcpys, c.memsets, c.evictions, c.bytes_evicted,
+                c.restores, c.bytes_restored, c.transfers_device_clock, c.transfers_host_clock,
+                c.memory_samples, c.ooms_avoided, simulated_ ? "; times are simulated" : "",
+                c.events_dropped || c.records_dropped
+                    ? "; some events were dropped (see the end event)"
+                    : "");
+  return buf;
+}
+
+}  // namespace spillway

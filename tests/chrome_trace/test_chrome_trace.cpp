@@ -1,0 +1,332 @@
+// SPILLWAY_TRACE: the real libspillway.so in child processes (trace_probe)
+// over the simulated GPU, checked with python3's json module
+// (check_trace.py); and the writer's bounds in-process.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chrome_trace.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Summary = std::map<std::string, long long>;
+
+// The summary check_trace.py prints; {"error": 1} if the file does not parse.
+Summary check(const std::string& path, bool tolerant) {
+  std::string cmd = std::string("/usr/bin/python3 ") + CHECK_TRACE_PY + " '" + path + "'" +
+                    (tolerant ? " --tolerant" : "") + " 2>&1";
+  Summary s;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {{"error", 1}};
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    std::istringstream in(buf);
+    std::string k;
+    long long v = 0;
+    in >> k;
+    if (k == "error") {
+      s["error"] = 1;
+      std::fprintf(stderr, "check_trace: %s", buf);
+      continue;
+    }
+    in >> v;
+    s[k] = v;
+  }
+  const int st = pclose(p);
+  if (st != 0) s["error"] = 1;
+  return s;
+}
+
+long long json_number(const std::string& json, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const size_t at = json.find(k);
+  if (at == std::string::npos) return -1;
+  return std::atoll(json.c_str() + at + k.size());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class Child {
+ public:
+  Child(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+    std::vector<std::string> e;
+    for (char** v = environ; *v; ++v)
+      if (std::strncmp(*v, "SPILLWAY_", 9) != 0 && std::strncmp(*v, "SIMCUDA_", 8) != 0)
+        e.emplace_back(*v);
+    e.insert(e.end(), env.begin(), env.end());
+    int p[2];
+    if (pipe(p) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(p[1], 1);
+      close(p[0]);
+      close(p[1]);
+      std::vector<char*> argv, envp;
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      for (auto& x : e) envp.push_back(const_cast<char*>(x.c_str()));
+      envp.push_back(nullptr);
+      execve(argv[0], argv.data(), envp.data());
+      _exit(127);
+    }
+    close(p[1]);
+    out_ = fdopen(p[0], "r");
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_) fclose(out_);
+  }
+  // The next line of the child's stdout ("" at its end).
+  std::string line() {
+    char buf[8192];
+    if (!out_ || !std::fgets(buf, sizeof buf, out_)) return "";
+    std::string s = buf;
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  void signal(int sig) { kill(pid_, sig); }
+  int wait() {
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    reaped_ = true;
+    return st;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  FILE* out_ = nullptr;
+};
+
+class ChromeTraceRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/chrome_trace_XXXXXX";
+    ASSERT_NE(nullptr, mkdtemp(tmpl));
+    dir_ = tmpl;
+    trace_ = dir_ + "/trace.json";
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  std::vector<std::string> env(const std::string& budget = "16MiB") {
+    return {"SPILLWAY_TRACE=" + trace_, "SPILLWAY_GPU_BUDGET=" + budget,
+            "SPILLWAY_CUPTI_PATH=" SIM_CUPTI, "SPILLWAY_STATS=" + dir_ + "/stats.json",
+            "SPILLWAY_LOG_FILE=" + dir_ + "/spillway.log"};
+  }
+  std::vector<std::string> probe(const std::string& mode, const std::string& n = "") {
+    std::vector<std::string> a = {TRACE_PROBE, TRACE_TEST_LIBRARY, mode};
+    if (!n.empty()) a.push_back(n);
+    return a;
+  }
+  // Reads "stats {...}" from the probe.
+  std::string stats_line(Child& c) {
+    std::string l = c.line();
+    EXPECT_EQ(0u, l.rfind("stats ", 0)) << l;
+    return l.size() > 6 ? l.substr(6) : "";
+  }
+  // The job's work: 8 blocks x 3 rounds of launches, a memset, a memcpy.
+  void expect_job(const Summary& s, const std::string& stats) {
+    EXPECT_EQ(24, s.at("kernels"));
+    EXPECT_EQ(s.at("kernels"), s.at("kernels_device_clock"));
+    EXPECT_EQ(0, s.at("kernels_bad_time"));
+    EXPECT_GE(s.at("memsets"), 1);
+    EXPECT_GE(s.at("memcpys"), 1);
+    EXPECT_GE(s.at("stream_tracks"), 1);
+    EXPECT_EQ(2, s.at("direction_tracks"));
+    EXPECT_EQ(1, s.at("simulated"));
+    // Every transfer spillway counted is in the trace, with its cause and
+    // block, on the device clock (joined to its activity record).
+    EXPECT_GT(s.at("evictions"), 0);
+    EXPECT_GT(s.at("restores"), 0);
+    EXPECT_EQ(json_number(stats, "bytes_evicted"), s.at("bytes_evicted"));
+    EXPECT_EQ(json_number(stats, "bytes_restored"), s.at("bytes_restored"));
+    EXPECT_EQ(json_number(stats, "blocks_evicted"), s.at("evictions"));
+    EXPECT_EQ(json_number(stats, "blocks_restored"), s.at("restores"));
+    EXPECT_EQ(s.at("evictions") + s.at("restores"), s.at("transfers_device_clock"));
+    EXPECT_EQ(s.at("evictions") + s.at("restores"), s.at("transfers_with_cause"));
+    // Restores made for a launch name the launch's correlation id.
+    EXPECT_EQ(s.at("restores"), s.at("restores_for_a_call"));
+    // The budget holds at every sample.
+    EXPECT_GT(s.at("memory_samples"), 0);
+    EXPECT_LE(s.at("max_resident_minus_budget"), 0);
+  }
+
+  std::string dir_, trace_;
+};
+
+TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
+  Child c(probe("run"), env());
+  const std::string stats = stats_line(c);
+  const int st = c.wait();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  const Summary s = check(trace_, false);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(1, s.at("closed"));
+  EXPECT_EQ(1, s.at("has_start"));
+  EXPECT_EQ(1, s.at("has_end"));
+  expect_job(s, stats);
+  // The stats file at exit says the same.
+  const std::string at_exit = read_file(dir_ + "/stats.json");
+  EXPECT_EQ(json_number(at_exit, "bytes_evicted"), s.at("bytes_evicted"));
+  EXPECT_EQ(0, s.at("end_events_dropped"));
+  EXPECT_EQ(0, s.at("end_records_dropped"));
+  EXPECT_EQ(s.at("kernels"), s.at("end_kernels"));
+  // The exit summary names the file and what it holds.
+  const std::string log = read_file(dir_ + "/spillway.log");
+  EXPECT_NE(std::string::npos, log.find("trace " + trace_ + ": 24 kernels")) << log;
+  EXPECT_NE(std::string::npos, log.find("times are simulated")) << log;
+}
+
+TEST_F(ChromeTraceRun, SigtermWritesAndClosesTheTraceThenTerminates) {
+  Child c(probe("hold"), env());
+  const std::string stats = stats_line(c);
+  ASSERT_EQ("ready", c.line());
+  c.signal(SIGTERM);
+  const int st = c.wait();
+  // The previous disposition (the default) still ends the process.
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) << st;
+  const Summary s = check(trace_, false);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(1, s.at("closed"));
+  EXPECT_EQ(1, s.at("has_end"));
+  expect_job(s, stats);
+}
+
+TEST_F(ChromeTraceRun, SigintRunsTheJobsOwnHandlerAfterTheFlush) {
+  Child c(probe("hold_int"), env());
+  const std::string stats = stats_line(c);
+  ASSERT_EQ("ready", c.line());
+  c.signal(SIGINT);
+  EXPECT_EQ("interrupted", c.line());
+  const int st = c.wait();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  const Summary s = check(trace_, false);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(1, s.at("closed"));
+  expect_job(s, stats);
+}
+
+TEST_F(ChromeTraceRun, SigkillLeavesATraceThatLoadsUpToItsLastWrite) {
+  Child c(probe("hold"), env());
+  const std::string stats = stats_line(c);
+  ASSERT_EQ("ready", c.line());
+  // The writer flushes on its own: wait until the job's events are on disk.
+  Summary s;
+  for (int i = 0; i < 100; ++i) {
+    s = check(trace_, true);
+    if (!s.count("error") && s.at("kernels") == 24 &&
+        s.at("evictions") == json_number(stats, "blocks_evicted") &&
+        s.at("restores") == json_number(stats, "blocks_restored"))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  c.signal(SIGKILL);
+  const int st = c.wait();
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+  // Not closed: the strict parser refuses it, the tolerant rule (a missing
+  // final ']') loads all of it.
+  EXPECT_EQ(1, check(trace_, false).count("error"));
+  s = check(trace_, true);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(0, s.at("closed"));
+  EXPECT_EQ(0, s.at("has_end"));
+  expect_job(s, stats);
+}
+
+TEST_F(ChromeTraceRun, LongRunKeepsEveryBufferWithinItsCap) {
+  constexpr long kLaunches = 100000;
+  Child c(probe("long", std::to_string(kLaunches)), env("1GiB"));
+  stats_line(c);
+  const int st = c.wait();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  const Summary s = check(trace_, false);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(kLaunches, s.at("kernels"));
+  EXPECT_EQ(kLaunches, s.at("kernels_device_clock"));
+  EXPECT_EQ(0, s.at("end_records_dropped"));
+  EXPECT_EQ(0, s.at("end_events_dropped"));
+  EXPECT_LE(s.at("end_ring_peak"), s.at("end_ring_cap"));
+  EXPECT_LE(s.at("end_out_peak_bytes"), s.at("end_out_cap_bytes"));
+  EXPECT_LE(s.at("end_join_peak"), s.at("end_join_cap"));
+  EXPECT_LE(s.at("end_activity_buffers_peak"), s.at("end_activity_buffers"));
+  // Written out incrementally: the file is many times the buffer.
+  EXPECT_GT(static_cast<long long>(fs::file_size(trace_)), 20 * s.at("end_out_cap_bytes"));
+}
+
+// In-process, no GPU: many threads of allocator events through tiny caps.
+TEST(ChromeTraceWriter, MemoryStaysWithinTheCapsUnderLoad) {
+  char tmpl[] = "/tmp/chrome_trace_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  const std::string path = std::string(tmpl) + "/t.json";
+  spillway::ChromeTrace::Limits lim;
+  lim.ring_events = 16;
+  lim.out_bytes = 8192;
+  lim.join_slots = 4;
+  lim.flush_ms = 2;
+  std::string why;
+  auto t = spillway::ChromeTrace::open(path, nullptr, &why, lim);
+  ASSERT_NE(nullptr, t) << why;
+  constexpr int kThreads = 4, kEach = 5000;
+  std::vector<std::thread> th;
+  for (int i = 0; i < kThreads; ++i)
+    th.emplace_back([&, i] {
+      for (int k = 0; k < kEach; ++k) {
+        spillway::Transfer x;
+        x.to_host = (k % 2) == 0;
+        x.cause = x.to_host ? spillway::Cause::kBudget : spillway::Cause::kOnDemand;
+        x.ptr = 0x7f0000000000ull + (static_cast<uint64_t>(i) << 32) + k * 4096ull;
+        x.bytes = 4096;
+        x.queued_ns = spillway::monotonic_ns();
+        x.done_ns = x.queued_ns + 1000;
+        t->on_transfer(x);
+        t->on_memory(0, static_cast<uint64_t>(k) * 4096, 4096, 1ull << 30);
+      }
+    });
+  for (auto& x : th) x.join();
+  t->finish();
+  const auto c = t->counters();
+  EXPECT_TRUE(c.closed);
+  EXPECT_EQ(0u, c.events_dropped);
+  EXPECT_EQ(uint64_t{kThreads} * kEach, c.evictions + c.restores);
+  EXPECT_EQ(c.evictions + c.restores, c.transfers_host_clock);
+  EXPECT_LE(c.ring_peak, lim.ring_events);
+  EXPECT_LE(c.out_peak, lim.out_bytes);
+  EXPECT_GT(c.bytes_written, 20 * lim.out_bytes);
+  const Summary s = check(path, false);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(static_cast<long long>(kThreads) * kEach * 4096,
+            s.at("bytes_evicted") + s.at("bytes_restored"));
+  // Events after the close are counted, not written.
+  t->on_oom_avoided(0, 1, 2);
+  EXPECT_EQ(1u, t->counters().events_late);
+  fs::remove_all(tmpl);
+}
+
+}  // namespace
