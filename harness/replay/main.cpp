@@ -1,0 +1,467 @@
+// spillway-replay TRACE [options]: see usage() and harness/README.md.
+// Exit codes: 0 the replay ran to its end (an OOM is a result: "oom": true),
+// 1 integrity failure or the replay itself failed, 2 bad arguments or trace.
+#include <simcuda.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "replay.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace replay;
+
+constexpr const char* kUsage =
+    "usage: spillway-replay TRACE [--budget SIZE|PCT%] [--device-memory SIZE]\n"
+    "         [--mode host|managed|off] [--strategy "
+    "spillway|none|save_on_cpu|torchtune|layerwise]\n"
+    "         [--steps N] [--json OUT] [--trace-out chrome.json] [--no-data]\n"
+    "         [--layers N] [--offload-layers K] [--shim PATH]\n"
+    "Replays a .spwt trace through libspillway.so on the simulated GPU.\n"
+    "Every time it reports is SIMULATED time (the sim's virtual clock).\n"
+    "SIZE: 40GiB, 512MiB, 1.5GB, 4096 (bytes); PCT: a percentage of the trace's\n"
+    "unconstrained peak, e.g. 60%. See harness/README.md.\n";
+
+[[noreturn]] void bad_usage(const std::string& why) {
+  std::fprintf(stderr, "spillway-replay: %s\n%s", why.c_str(), kUsage);
+  std::exit(2);
+}
+
+// A size as docs/config.md defines it: decimal number, optional unit.
+std::optional<uint64_t> parse_size(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0 || std::count(s.begin(), s.begin() + static_cast<long>(i), '.') > 1) return {};
+  const std::string num = s.substr(0, i), unit = s.substr(i);
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},         {"B", 1},    {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
+      {"TiB", 0x1p40}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
+  for (const auto& [u, mul] : units) {
+    if (unit != u) continue;
+    if (mul == 1 && num.find('.') != std::string::npos) return {};
+    const double v = std::strtod(num.c_str(), nullptr) * mul;
+    if (!(v >= 1) || v >= 1.8e19) return {};
+    return static_cast<uint64_t>(v);
+  }
+  return {};
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+std::string default_path(const char* relative, const char* fallback) {
+  const std::string exe = self_exe();
+  if (!exe.empty()) {
+    fs::path p = fs::path(exe).parent_path().parent_path() / relative;
+    if (fs::exists(p)) return p.string();
+  }
+  return fallback;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) bad_usage(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  auto integer = [&](int& i, int64_t min) {
+    const std::string flag = argv[i], v = value(i);
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end || n < min)
+      bad_usage(flag + " '" + v + "' is not an integer >= " + std::to_string(min));
+    return static_cast<int64_t>(n);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--budget") {
+      o.budget = value(i);
+      if (o.budget.empty()) bad_usage("--budget is empty");
+    } else if (a == "--device-memory") {
+      const std::string v = value(i);
+      auto n = parse_size(v);
+      if (!n) bad_usage("--device-memory '" + v + "' is not a size such as 80GiB");
+      o.device_memory = *n;
+    } else if (a == "--mode") {
+      o.mode = value(i);
+      if (o.mode == "managed") {
+        bad_usage("--mode managed: the shim does not implement managed mode yet (docs/config.md)");
+      }
+      if (o.mode != "host" && o.mode != "off") bad_usage("--mode must be host, managed or off");
+    } else if (a == "--strategy") {
+      const std::string v = value(i);
+      if (v == "spillway")
+        o.strategy = Strategy::kSpillway;
+      else if (v == "none")
+        o.strategy = Strategy::kNone;
+      else if (v == "save_on_cpu")
+        o.strategy = Strategy::kSaveOnCpu;
+      else if (v == "torchtune")
+        o.strategy = Strategy::kTorchtune;
+      else if (v == "layerwise")
+        o.strategy = Strategy::kLayerwise;
+      else
+        bad_usage("--strategy '" + v +
+                  "' is not spillway, none, save_on_cpu, torchtune or layerwise");
+    } else if (a == "--steps") {
+      o.steps = integer(i, 0);
+    } else if (a == "--json") {
+      o.json_out = value(i);
+    } else if (a == "--trace-out") {
+      o.trace_out = value(i);
+    } else if (a == "--no-data") {
+      o.no_data = true;
+    } else if (a == "--layers") {
+      o.layers = static_cast<int>(integer(i, 1));
+    } else if (a == "--offload-layers") {
+      o.offload_layers = static_cast<int>(integer(i, 0));
+    } else if (a == "--shim") {
+      o.shim = value(i);
+    } else if (a == "--inject-corruption") {  // test seam, not in the usage
+      o.inject_corruption = integer(i, 0);
+    } else if (a == "--baseline-child") {  // internal
+      o.baseline_child = true;
+    } else if (a == "--quiet") {  // internal
+      o.quiet = true;
+    } else if (!a.empty() && a[0] == '-') {
+      bad_usage("unknown option " + a);
+    } else if (o.trace.empty()) {
+      o.trace = a;
+    } else {
+      bad_usage("more than one trace given");
+    }
+  }
+  if (o.trace.empty()) bad_usage("no trace given");
+  if (o.shim.empty()) o.shim = default_path("lib/libspillway.so", REPLAY_DEFAULT_SHIM);
+  return o;
+}
+
+// A number from a flat JSON object (the shim's statistics, the child's report).
+double json_number(const std::string& json, const std::string& key, double dflt = 0) {
+  const std::string k = "\"" + key + "\":";
+  size_t p = json.find(k);
+  if (p == std::string::npos) return dflt;
+  return std::strtod(json.c_str() + p + k.size(), nullptr);
+}
+std::vector<uint64_t> json_array(const std::string& json, const std::string& key) {
+  std::vector<uint64_t> out;
+  const std::string k = "\"" + key + "\":[";
+  size_t p = json.find(k);
+  if (p == std::string::npos) return out;
+  const char* c = json.c_str() + p + k.size();
+  while (*c && *c != ']') {
+    char* end = nullptr;
+    out.push_back(std::strtoull(c, &end, 10));
+    c = end;
+    while (*c == ',' || *c == ' ') ++c;
+  }
+  return out;
+}
+
+std::string read_text(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Baseline {
+  uint64_t peak = 0;
+  uint64_t median_step_ns = 0;
+  std::vector<uint64_t> step_ns;
+};
+
+// Strategy none with memory to spare, accounting mode, in a child process
+// (a process holds one simulated GPU and one shim).
+bool run_baseline(const Options& o, const Analysis& a, Baseline& b) {
+  const std::string exe = self_exe();
+  const uint64_t big = std::max<uint64_t>(80ull << 30, 2 * a.peak_live_bytes + (16ull << 30));
+  char tmpl[] = "/tmp/spillway-replay-baseline-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) return false;
+  close(fd);
+  std::vector<std::string> args = {exe,
+                                   o.trace,
+                                   "--strategy",
+                                   "none",
+                                   "--device-memory",
+                                   std::to_string(big),
+                                   "--no-data",
+                                   "--json",
+                                   tmpl,
+                                   "--baseline-child",
+                                   "--quiet",
+                                   "--shim",
+                                   o.shim};
+  if (o.steps >= 0) {
+    args.push_back("--steps");
+    args.push_back(std::to_string(o.steps));
+  }
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return false;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string json = read_text(tmpl);
+  std::remove(tmpl);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || json.empty()) return false;
+  if (json_number(json, "oom") != 0 || json.find("\"oom\":true") != std::string::npos) return false;
+  b.peak = static_cast<uint64_t>(json_number(json, "peak_device_bytes"));
+  b.median_step_ns = static_cast<uint64_t>(json_number(json, "sim_step_time_ns"));
+  b.step_ns = json_array(json, "step_times_ns");
+  return true;
+}
+
+double env_gbps(const char* name, double dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtod(v, nullptr) : dflt;
+}
+
+// design.md section 9, per step: max(compute, out / BW_d2h) for the forward
+// plus max(compute, in / BW_h2d) for the backward plus the rest of the step's
+// compute, where out = in = the bytes the budget forces off the GPU: the
+// step's peak of live requested bytes minus the budget (requested sizes,
+// before any rounding, so this stays a bound). Without phase markers:
+// max(compute, out / BW_d2h + in / BW_h2d). The median over steps.
+uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget) {
+  const double d2h = env_gbps("SIMCUDA_D2H_GBPS", 55), h2d = env_gbps("SIMCUDA_H2D_GBPS", 55);
+  std::vector<uint64_t> lb;
+  for (uint64_t s = 0; s < steps && s < a.compute_ns.size(); ++s) {
+    const uint64_t need = a.step_peak_live[s];
+    const double forced = need > budget ? static_cast<double>(need - budget) : 0.0;
+    const double out = forced / d2h, in = forced / h2d;
+    const auto& c = a.compute_ns[s];
+    double t;
+    if (a.has_phases) {
+      t = std::max(static_cast<double>(c[1]), out) + std::max(static_cast<double>(c[2]), in) +
+          static_cast<double>(c[0] + c[3]);
+    } else {
+      t = std::max(static_cast<double>(c[0] + c[1] + c[2] + c[3]), out + in);
+    }
+    lb.push_back(static_cast<uint64_t>(t));
+  }
+  if (lb.empty()) return 0;
+  std::sort(lb.begin(), lb.end());
+  return lb[lb.size() / 2];
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+void write_chrome_trace(const std::string& path, Engine& e, const Options& o) {
+  std::ofstream out(path, std::ios::trunc);
+  out << "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"clock\":\"simulated (sim virtual host "
+         "time)\",\"strategy\":\""
+      << name_of(o.strategy) << "\"},\"traceEvents\":[\n";
+  out << R"x({"ph":"M","pid":1,"name":"process_name","args":{"name":"spillway-replay (simulated time)"}})x";
+  char buf[256];
+  const auto& spans = e.step_spans();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    std::snprintf(buf, sizeof buf,
+                  ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":1,\"name\":\"step %zu\",\"ts\":%.3f,"
+                  "\"dur\":%.3f}",
+                  i, static_cast<double>(spans[i].first) / 1e3,
+                  static_cast<double>(spans[i].second - spans[i].first) / 1e3);
+    out << buf;
+  }
+  for (const MemorySample& m : e.timeline()) {
+    std::snprintf(buf, sizeof buf,
+                  ",\n{\"ph\":\"C\",\"pid\":1,\"name\":\"memory\",\"ts\":%.3f,\"args\":{"
+                  "\"device_bytes\":%" PRIu64 ",\"host_bytes\":%" PRIu64 "}}",
+                  static_cast<double>(m.t_ns) / 1e3, m.device_used, m.host_used);
+    out << buf;
+  }
+  out << "\n]}\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse_args(argc, argv);
+  Analysis a;
+  std::string why;
+  if (!analyze(o.trace, o.layers, a, why)) {
+    std::fprintf(stderr, "spillway-replay: %s: %s\n", o.trace.c_str(), why.c_str());
+    return 2;
+  }
+
+  // The unconstrained run: peak and step times without any memory limit.
+  Baseline base;
+  if (!o.baseline_child) {
+    if (!o.quiet)
+      std::fprintf(stderr, "spillway-replay: baseline run (strategy none, no memory limit)\n");
+    if (!run_baseline(o, a, base)) {
+      std::fprintf(stderr,
+                   "spillway-replay: the baseline run (strategy none, no memory limit) "
+                   "failed\n");
+      return 1;
+    }
+  }
+
+  uint64_t budget = 0;
+  if (!o.budget.empty()) {
+    if (o.budget.back() == '%') {
+      const std::string num = o.budget.substr(0, o.budget.size() - 1);
+      char* end = nullptr;
+      const double pct = std::strtod(num.c_str(), &end);
+      if (num.empty() || *end || !(pct > 0) || pct > 100) {
+        bad_usage("--budget '" + o.budget + "' is not a percentage in (0, 100]");
+      }
+      budget = static_cast<uint64_t>(std::floor(static_cast<double>(base.peak) * pct / 100));
+    } else {
+      auto n = parse_size(o.budget);
+      if (!n) bad_usage("--budget '" + o.budget + "' is not a size such as 40GiB or a percentage");
+      budget = *n;
+    }
+    if (budget == 0) bad_usage("--budget " + o.budget + " is 0 bytes");
+  }
+
+  // Configure the sim and the shim before anything starts them.
+  if (o.device_memory) setenv("SIMCUDA_DEVICE_MEMORY", std::to_string(o.device_memory).c_str(), 1);
+  const bool spillway = o.strategy == Strategy::kSpillway && o.mode == "host";
+  setenv("SPILLWAY_MODE", spillway ? "host" : "off", 1);
+  if (spillway && budget) setenv("SPILLWAY_GPU_BUDGET", std::to_string(budget).c_str(), 1);
+  const std::string cupti = default_path("sim/libcupti.so.13", REPLAY_SIM_DIR "/libcupti.so.13");
+  setenv("SPILLWAY_CUPTI_PATH", cupti.c_str(), 0);
+
+  Engine e(o, a);
+  bool ran = e.init() && e.run();
+  if (!ran) {
+    std::fprintf(stderr, "spillway-replay: replay failed: %s\n", e.error().c_str());
+  }
+  cuCtxSynchronize();
+
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  const std::string stats = e.shim_stats();
+  const bool integrity_ok = !o.no_data && e.integrity().ok() && !e.device_fault();
+  const uint64_t peak = ms.device_peak;
+  if (!budget) {
+    budget = static_cast<uint64_t>(json_number(stats, "budget_bytes"));
+    if (!budget) budget = ms.device_capacity;
+  }
+  const uint64_t unconstrained = o.baseline_child ? peak : base.peak;
+  const uint64_t forced = unconstrained > budget ? unconstrained - budget : 0;
+  const uint64_t d2h = ms.bytes_d2h - e.trace_d2h_bytes();
+  const uint64_t h2d = ms.bytes_h2d - e.trace_h2d_bytes();
+  const uint64_t median = e.median_step_ns();
+  const uint64_t steps = e.steps_completed();
+  uint64_t stall = 0;
+  for (size_t i = 0; i < e.step_times().size(); ++i) {
+    const uint64_t b = i < base.step_ns.size() ? base.step_ns[i] : base.median_step_ns;
+    if (e.step_times()[i] > b) stall += e.step_times()[i] - b;
+  }
+
+  std::ostringstream j;
+  j << "{\n  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
+  j << "  \"trace\": \"" << json_escape(o.trace) << "\",\n";
+  j << "  \"strategy\": \"" << name_of(o.strategy) << "\",\n";
+  j << "  \"mode\": \"" << (spillway ? "host" : "off") << "\",\n";
+  j << "  \"data_checked\": " << (o.no_data ? "false" : "true") << ",\n";
+  j << "  \"steps_in_trace\": " << a.steps << ",\n";
+  j << "  \"steps_completed\": " << steps << ",\n";
+  j << "  \"oom\": " << (e.oom() ? "true" : "false") << ",\n";
+  if (e.oom()) j << "  \"oom_at\": \"" << json_escape(e.oom_what()) << "\",\n";
+  j << "  \"integrity_ok\": " << (o.no_data ? "null" : integrity_ok ? "true" : "false") << ",\n";
+  if (!integrity_ok && !o.no_data) {
+    std::string m = e.integrity().first_mismatch();
+    if (m.empty()) m = e.error();
+    j << "  \"first_mismatch\": \"" << json_escape(m) << "\",\n";
+  }
+  j << "  \"bytes_checked\": " << e.integrity().bytes_checked.load() << ",\n";
+  j << "  \"peak_device_bytes\": " << peak << ",\n";
+  j << "  \"budget_bytes\": " << budget << ",\n";
+  j << "  \"within_budget\": " << (peak <= budget ? "true" : "false") << ",\n";
+  j << "  \"device_memory_bytes\": " << ms.device_capacity << ",\n";
+  j << "  \"unconstrained_peak_bytes\": " << unconstrained << ",\n";
+  j << "  \"trace_peak_live_bytes\": " << a.peak_live_bytes << ",\n";
+  j << "  \"bytes_device_to_host\": " << d2h << ",\n";
+  j << "  \"bytes_host_to_device\": " << h2d << ",\n";
+  j << "  \"bytes_forced_off_at_peak\": " << forced << ",\n";
+  j << "  \"trace_copy_bytes_device_to_host\": " << e.trace_d2h_bytes() << ",\n";
+  j << "  \"trace_copy_bytes_host_to_device\": " << e.trace_h2d_bytes() << ",\n";
+  j << "  \"remote_access_bytes\": " << ms.remote_access_bytes << ",\n";
+  j << "  \"host_peak_bytes\": " << ms.host_peak << ",\n";
+  j << "  \"sim_step_time_ns\": " << median << ",\n";
+  j << "  \"sim_baseline_step_time_ns\": " << (o.baseline_child ? median : base.median_step_ns)
+    << ",\n";
+  j << "  \"sim_lower_bound_step_time_ns\": " << lower_bound_ns(a, a.steps, budget) << ",\n";
+  j << "  \"stall_ns\": " << stall << ",\n";
+  j << "  \"step_times_ns\": [";
+  for (size_t i = 0; i < e.step_times().size(); ++i) j << (i ? "," : "") << e.step_times()[i];
+  j << "],\n";
+  j << "  \"shim\": " << (stats.empty() ? "{}" : stats) << "\n}\n";
+  if (!o.json_out.empty()) {
+    std::ofstream out(o.json_out, std::ios::trunc);
+    out << j.str();
+  }
+  if (!o.trace_out.empty()) write_chrome_trace(o.trace_out, e, o);
+
+  if (!o.quiet) {
+    std::printf(
+        "spillway-replay: %s, strategy %s (all times simulated)\n"
+        "  steps %" PRIu64 "/%" PRIu64
+        "%s, integrity %s\n"
+        "  peak device %.1f MiB, budget %.1f MiB, unconstrained peak %.1f MiB\n"
+        "  moved: %.1f MiB device-to-host, %.1f MiB host-to-device\n"
+        "  step (median, simulated): %.3f ms, baseline %.3f ms, lower bound %.3f ms, stall %.3f "
+        "ms total\n",
+        o.trace.c_str(), name_of(o.strategy), steps, a.steps,
+        e.oom() ? (", OOM: " + e.oom_what()).c_str() : "",
+        o.no_data      ? "not checked (--no-data)"
+        : integrity_ok ? "ok"
+                       : "FAILED",
+        static_cast<double>(peak) / (1 << 20), static_cast<double>(budget) / (1 << 20),
+        static_cast<double>(unconstrained) / (1 << 20), static_cast<double>(d2h) / (1 << 20),
+        static_cast<double>(h2d) / (1 << 20), static_cast<double>(median) / 1e6,
+        static_cast<double>(o.baseline_child ? median : base.median_step_ns) / 1e6,
+        static_cast<double>(lower_bound_ns(a, a.steps, budget)) / 1e6,
+        static_cast<double>(stall) / 1e6);
+    if (!integrity_ok && !o.no_data) {
+      const std::string m = e.integrity().first_mismatch();
+      std::printf("  first mismatch: %s\n", m.empty() ? e.error().c_str() : m.c_str());
+    }
+  }
+  std::fflush(stdout);
+  if (!ran && !e.oom()) return 1;
+  if (!o.no_data && !integrity_ok) return 1;
+  return 0;
+}

