@@ -263,6 +263,13 @@ def main(argv=None):
     if args.child:
         return run_child(args)
     try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")  # cheaper than importing torch to find there is no driver
+    except OSError as e:
+        print(f"bench_gpt: no GPU: cannot load libcuda.so.1 ({e}). Nothing was run (exit status 2).",
+              file=sys.stderr)
+        return 2
+    try:
         import torch
     except ImportError:
         print("bench_gpt: torch is not importable", file=sys.stderr)

@@ -434,7 +434,7 @@ def check_c(gpu, args):
     d, m, notes = gpu.d, {}, []
     dprop = gpu.prop(cu.CU_MEM_LOCATION_TYPE_DEVICE, gpu.dev)
     g = gpu.granularity(dprop)
-    size = 8 * g
+    size = 2 * g
     words = size // 4
     va = gpu.reserve(size, g)
     h, r, _ = gpu.create(size, dprop)
@@ -718,11 +718,15 @@ def main(argv=None):
     print("spillway GPU assumption checks (docs/gpu.md)")
     print("device: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     print(f"python {sys.version.split()[0]}")
-    try:
-        import torch  # noqa: F401  (only reported)
-        print(f"torch {torch.__version__}, built for CUDA {torch.version.cuda}")
-    except Exception:
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:  # not imported here: slow, and it may touch CUDA
         print("torch: not importable (check b will be skipped)")
+    else:
+        try:
+            import importlib.metadata
+            print(f"torch {importlib.metadata.version('torch')}")
+        except Exception:
+            print("torch: importable")
     print()
     results = []
     me = os.path.abspath(__file__)

@@ -1,0 +1,186 @@
+"""harness/gpu/ without a GPU: imports, arguments, the no-GPU exit, struct layouts, PTX."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GPU_DIR = os.path.join(REPO, "harness", "gpu")
+CHECK = os.path.join(GPU_DIR, "check_assumptions.py")
+BENCH = os.path.join(GPU_DIR, "bench_gpt.py")
+CUDA_INCLUDE = "/usr/local/cuda/include"
+sys.path.insert(0, GPU_DIR)
+
+import bench_gpt  # noqa: E402
+import check_assumptions  # noqa: E402
+import cuda_ctypes  # noqa: E402
+
+
+def run(cmd, env=None, timeout=60):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def cc():
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+# --- imports and arguments ------------------------------------------------------
+def test_check_assumptions_parses_args():
+    a = check_assumptions.parse_args([])
+    assert a.check_list == ["a", "b", "c", "d"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    a = check_assumptions.parse_args(["--checks", "a,d", "--device", "1", "--no-unsafe", "--bw-mib", "64"])
+    assert a.check_list == ["a", "d"] and a.device == 1 and a.no_unsafe and a.bw_mib == 64
+    with pytest.raises(SystemExit):
+        check_assumptions.parse_args(["--checks", "a,z"])
+
+
+def test_bench_gpt_parses_args():
+    a = bench_gpt.parse_args([])
+    assert a.budgets == [100.0, 60.0, 40.0] and a.steps == 20 and a.device == "cuda:0"
+    a = bench_gpt.parse_args(["--steps", "5", "--budgets", "80%,30%", "--device", "cuda:1", "--out", "x"])
+    assert a.budgets == [80.0, 30.0] and a.steps == 5 and a.out == "x" and a.device == "cuda:1"
+    for bad in ("60", "0%", "abc%", ""):
+        with pytest.raises(SystemExit):
+            bench_gpt.parse_args(["--budgets", bad])
+
+
+@pytest.mark.parametrize("script", [CHECK, BENCH])
+def test_help(script):
+    r = run([sys.executable, script, "--help"])
+    assert r.returncode == 0 and "usage:" in r.stdout
+
+
+# --- no GPU -----------------------------------------------------------------------
+def test_check_assumptions_exits_2_without_libcuda(tmp_path):
+    r = run([sys.executable, CHECK, "--cuda-lib", str(tmp_path / "libcuda.so.1")])
+    assert r.returncode == 2, r.stderr
+    assert "no GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_assumptions_exits_2_with_default_driver_name_absent():
+    # This machine has no NVIDIA driver: the default libcuda.so.1 does not load.
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a libcuda.so.1 is loadable here")
+    except OSError:
+        pass
+    r = run([sys.executable, CHECK], env={"LD_LIBRARY_PATH": ""})
+    assert r.returncode == 2 and "no GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("body,expect", [
+    ("int cuInit(unsigned f) { return 100; }", "CUresult 100"),  # CUDA_ERROR_NO_DEVICE, no cuGetErrorName
+    ("int cuInit(unsigned f) { return 0; }\nint cuDeviceGetCount(int *n) { *n = 0; return 0; }",
+     "reports no CUDA device"),
+])
+def test_check_assumptions_exits_2_when_driver_reports_no_device(tmp_path, body, expect):
+    if not cc():
+        pytest.skip("no C compiler")
+    src = tmp_path / "fake.c"
+    src.write_text(body + "\n")
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc(), "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    r = run([sys.executable, CHECK, "--cuda-lib", str(lib)])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no GPU" in r.stderr and expect in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_gpt_exits_2_without_gpu():
+    r = run([sys.executable, BENCH, "--steps", "2"])
+    if r.returncode == 0 or "no GPU" not in r.stderr and "not importable" not in r.stderr:
+        pytest.skip("a GPU seems available: " + r.stderr[-200:])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+# --- ctypes layouts against the headers ----------------------------------------------
+def test_struct_layouts_match_headers(tmp_path):
+    if not cc():
+        pytest.skip("no C compiler")
+    if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda.h")):
+        pytest.skip("no CUDA headers")
+    lines, expected = [], []
+    for cname, cls in cuda_ctypes.MIRRORED.items():
+        lines.append(f'  printf("{cname} sizeof %zu\\n", sizeof({cname}));')
+        expected.append(f"{cname} sizeof {ctypes.sizeof(cls)}")
+        for fname, _ in cls._fields_:
+            lines.append(f'  printf("{cname} {fname} %zu\\n", offsetof({cname}, {fname}));')
+            expected.append(f"{cname} {fname} {getattr(cls, fname).offset}")
+    src = tmp_path / "layout.c"
+    src.write_text(textwrap.dedent("""\
+        #include <stddef.h>
+        #include <stdio.h>
+        #include <cuda.h>
+        #include <cuda_runtime_api.h>
+        #include <cupti.h>
+        int main(void) {
+        """) + "\n".join(lines) + "\n  return 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc(), "-I", CUDA_INCLUDE, "-o", str(exe), str(src)], check=True)
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert got == expected
+    # the nested allocFlags struct too
+    src2 = tmp_path / "flags.c"
+    src2.write_text('#include <stdio.h>\n#include <cuda.h>\nint main(void){CUmemAllocationProp p;'
+                    'printf("%zu\\n", sizeof(p.allocFlags)); return 0;}\n')
+    subprocess.run([cc(), "-I", CUDA_INCLUDE, "-o", str(tmp_path / "flags"), str(src2)], check=True)
+    out = subprocess.run([str(tmp_path / "flags")], capture_output=True, text=True, check=True).stdout
+    assert int(out) == ctypes.sizeof(cuda_ctypes.CUmemAllocationProp_allocFlags)
+
+
+def test_constants_match_headers(tmp_path):
+    """Every cited enum value, compiled against the headers."""
+    if not cc():
+        pytest.skip("no C compiler")
+    names = [n for n in dir(cuda_ctypes) if n.isupper() and n.startswith(("CU_", "CUDA_", "CUPTI_"))
+             and isinstance(getattr(cuda_ctypes, n), int)]
+    cbids = [(f"CUPTI_DRIVER_TRACE_CBID_{v}", k) for k, v in cuda_ctypes.DRIVER_LAUNCH_CBIDS.items()]
+    cbids += [(f"CUPTI_RUNTIME_TRACE_CBID_{v}", k) for k, v in cuda_ctypes.RUNTIME_LAUNCH_CBIDS.items()]
+    body = "".join(f'  printf("%lld\\n", (long long){n});\n' for n in names)
+    body += "".join(f'  printf("%lld\\n", (long long){n});\n' for n, _ in cbids)
+    src = tmp_path / "consts.c"
+    src.write_text("#include <stdio.h>\n#include <cuda.h>\n#include <cupti.h>\nint main(void) {\n"
+                   + body + "  return 0;\n}\n")
+    subprocess.run([cc(), "-I", CUDA_INCLUDE, "-o", str(tmp_path / "consts"), str(src)], check=True)
+    out = subprocess.run([str(tmp_path / "consts")], capture_output=True, text=True, check=True).stdout.split()
+    want = [getattr(cuda_ctypes, n) for n in names] + [k for _, k in cbids]
+    assert [int(x) for x in out] == want, list(zip(names + [n for n, _ in cbids], out, want))
+
+
+def test_ptx_assembles():
+    ptxas = shutil.which("ptxas") or ("/usr/local/cuda/bin/ptxas" if os.path.exists("/usr/local/cuda/bin/ptxas")
+                                      else None)
+    if not ptxas:
+        pytest.skip("no ptxas")
+    import kernels
+    r = subprocess.run([ptxas, "-arch=sm_90", "-", "-o", os.devnull], input=kernels.PTX,
+                       capture_output=True, text=True)
+    if r.returncode != 0 and "-" in r.stderr:  # an older ptxas without stdin input
+        pytest.skip(r.stderr)
+    assert r.returncode == 0, r.stderr
+
+
+# --- the simulated driver (a smoke test, not a GPU result) --------------------------------
+def test_checks_run_on_the_simulator(tmp_path):
+    if os.environ.get("SPW_TEST_SANITIZE"):
+        pytest.skip("sanitizer build: its sim cannot be loaded into an uninstrumented python3")
+    build = os.environ.get("SPW_TEST_BUILD_DIR", os.path.join(REPO, "build"))
+    sim = os.path.join(build, "sim", "libcuda.so.1")
+    if not os.path.exists(sim):
+        pytest.skip("no simulated driver built")
+    out = tmp_path / "r.json"
+    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d", "--bw-mib", "16",
+             "--bw-reps", "3", "--memset-chain", "20", "--json", str(out)],
+            env={"LD_LIBRARY_PATH": os.path.dirname(sim)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    res = {x["check"]: x for x in json.load(open(out))["results"]}
+    assert res["a"]["status"] == "PASS"
+    assert res["a"]["measured"]["steps"][-1] == "device memory again: intact"
+    assert res["c"]["measured"]["unmap_with_pending_work"] == "CUDA_ERROR_NOT_PERMITTED"  # the sim refuses
+    assert res["d"]["measured"]["pinned"]["h2d_GBps"] == pytest.approx(55.0, rel=0.02)  # virtual time
