@@ -206,7 +206,7 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cu
   t->c_.ring_cap = limits.ring_events;
   t->c_.out_cap = limits.out_bytes;
   t->c_.join_cap = limits.join_slots;
-  t->simulated_ = driver_is_simulated();
+  t->sim_driver_ = driver_is_simulated();
   if (api) {
     std::string no_activity;
     t->activity_ =
@@ -219,6 +219,9 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cu
       t->c_.activity_buffers = cupti::ActivityBuffers::kBuffers;
     }
   }
+  // The simulator's CUPTI clock is its virtual clock; CLOCK_MONOTONIC is real
+  // time, even over the simulator.
+  t->simulated_ = t->sim_driver_ && t->api_;
   // One timeline: CUPTI's clock when there is one (activity records use it,
   // and host-side events are stamped with cuptiGetTimestamp when observed),
   // else CLOCK_MONOTONIC. Timestamps are written relative to a base one
@@ -233,12 +236,12 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cu
   t->out_len_ = head.size();
   t->line(
       "{\"name\":\"spillway trace start\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%s,"
-      "\"args\":{\"clock\":\"%s\",\"simulated_time\":%s,\"base_ns\":%" PRIu64
+      "\"args\":{\"clock\":\"%s\",\"simulated_time\":%s,\"simulated_gpu\":%s,\"base_ns\":%" PRIu64
       ",\"trace_clock_at_start_ns\":%" PRIu64 ",\"monotonic_at_start_ns\":%" PRIu64 ",\"pid\":%d}}",
       t->ts(t->start_trace_ns_).c_str(),
       t->api_ ? "cupti (cuptiGetTimestamp and activity records)" : "host (CLOCK_MONOTONIC)",
-      t->simulated_ ? "true" : "false", t->base_, t->start_trace_ns_, t->start_monotonic_ns_,
-      t->owner_pid_);
+      t->simulated_ ? "true" : "false", t->sim_driver_ ? "true" : "false", t->base_,
+      t->start_trace_ns_, t->start_monotonic_ns_, t->owner_pid_);
   t->write_out();
   t->last_activity_flush_ns_ = monotonic_ns();
   t->writer_ = std::thread([p = t.get()] { p->run(); });
@@ -419,7 +422,10 @@ void ChromeTrace::ensure_track(uint32_t pid, uint64_t tid) {
   tracks_.emplace_back(pid, tid);
   if (new_pid)
     line("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"args\":{\"name\":\"GPU %u%s\"}}",
-         pid, pid, simulated_ ? " (simulated time)" : "");
+         pid, pid,
+         simulated_    ? " (simulated time)"
+         : sim_driver_ ? " (simulated GPU, host time)"
+                       : "");
   if (tid == kTidEvict || tid == kTidRestore) {
     line("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
          ",\"args\":{\"name\":\"%s\"}}",
@@ -644,7 +650,13 @@ void ChromeTrace::cycle(bool flush_activity) {
   }
   ring_space_.notify_all();
   for (size_t i = 0; i < n; ++i) on_host_event(batch_[i]);
-  if (activity_) activity_->drain([&](const cupti::DeviceRecord& r) { on_record(r); });
+  const RecordListener listener = listener_.load(std::memory_order_acquire);
+  void* listener_ctx = listener_ctx_.load(std::memory_order_relaxed);
+  if (activity_)
+    activity_->drain([&](const cupti::DeviceRecord& r) {
+      if (listener) listener(listener_ctx, r);
+      on_record(r);
+    });
   write_out();
 }
 
@@ -792,7 +804,10 @@ std::string ChromeTrace::describe() const {
                 " memory samples, %" PRIu64 " OOMs avoided%s%s",
                 path_.c_str(), c.kernels, c.memcpys, c.memsets, c.evictions, c.bytes_evicted,
                 c.restores, c.bytes_restored, c.transfers_device_clock, c.transfers_host_clock,
-                c.memory_samples, c.ooms_avoided, simulated_ ? "; times are simulated" : "",
+                c.memory_samples, c.ooms_avoided,
+                simulated_    ? "; times are simulated"
+                : sim_driver_ ? "; times are host time over a simulated GPU"
+                              : "",
                 c.events_dropped || c.records_dropped
                     ? "; some events were dropped (see the end event)"
                     : "");

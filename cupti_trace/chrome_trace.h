@@ -90,6 +90,15 @@ class ChromeTrace final : public Observer {
   // disposition runs. Not installed over an ignored signal. One trace only.
   void install_signal_handlers();
 
+  // Also hands every activity record to `fn` (the SPILLWAY_RECORD writer
+  // takes kernel durations from them), on the writer thread. Set it before
+  // the job launches work.
+  using RecordListener = void (*)(void* ctx, const cupti::DeviceRecord& r);
+  void set_record_listener(RecordListener fn, void* ctx) {
+    listener_ctx_.store(ctx, std::memory_order_relaxed);
+    listener_.store(fn, std::memory_order_release);
+  }
+
   Counters counters() const;
   const std::string& path() const { return path_; }
   // One line for the exit summary: the path and what the trace holds.
@@ -125,11 +134,14 @@ class ChromeTrace final : public Observer {
   const cupti::Api* api_;
   const Limits limits_;
   const int owner_pid_;
-  bool simulated_ = false;
+  bool simulated_ = false;   // the trace clock is the simulator's virtual clock
+  bool sim_driver_ = false;  // the driver is the simulator
   uint64_t base_ = 0, start_trace_ns_ = 0, start_monotonic_ns_ = 0;
   int fd_ = -1;
   int wake_r_ = -1, wake_w_ = -1;
   std::unique_ptr<cupti::ActivityBuffers> activity_;
+  std::atomic<RecordListener> listener_{nullptr};
+  std::atomic<void*> listener_ctx_{nullptr};
 
   // The ring (producers and the writer).
   mutable std::mutex ring_mu_;

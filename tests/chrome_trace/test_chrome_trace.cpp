@@ -204,6 +204,26 @@ TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
   EXPECT_NE(std::string::npos, log.find("times are simulated")) << log;
 }
 
+TEST_F(ChromeTraceRun, WithoutCuptiTransfersAreOnTheHostClock) {
+  auto e = env();
+  e.push_back("SPILLWAY_CUPTI=off");
+  Child c(probe("run"), e);
+  const std::string stats = stats_line(c);
+  const int st = c.wait();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  const Summary s = check(trace_, false);
+  ASSERT_EQ(0u, s.count("error"));
+  EXPECT_EQ(1, s.at("closed"));
+  EXPECT_EQ(0, s.at("kernels"));
+  // Real host time, not the simulator's clock.
+  EXPECT_EQ(0, s.at("simulated"));
+  EXPECT_GT(s.at("evictions"), 0);
+  EXPECT_EQ(json_number(stats, "bytes_evicted"), s.at("bytes_evicted"));
+  EXPECT_EQ(json_number(stats, "bytes_restored"), s.at("bytes_restored"));
+  EXPECT_EQ(0, s.at("transfers_device_clock"));
+  EXPECT_LE(s.at("max_resident_minus_budget"), 0);
+}
+
 TEST_F(ChromeTraceRun, SigtermWritesAndClosesTheTraceThenTerminates) {
   Child c(probe("hold"), env());
   const std::string stats = stats_line(c);
