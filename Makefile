@@ -21,9 +21,20 @@ test: deps
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-demo:
-	@echo "make demo arrives with the replay harness (issue 5); until then: make test"
-	@exit 1
+# Builds what the demo runs (the replayer, the shim, the simulated driver and
+# CUPTI), then harness/demo.py: gpt_varlen on a simulated device too small for
+# its longest batch, the plain allocator vs spillway vs the anchors.
+DEMO_TARGETS = spillway-replay spillway simcuda simcupti
+
+demo: deps
+	$(MAKE) configure
+	cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS)
+	@/usr/bin/python3 -c 'import matplotlib' 2>/dev/null || { \
+	  echo "demo: installing python3-matplotlib (for the memory plot)"; \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq \
+	    --no-install-recommends python3-matplotlib >/dev/null; }
+	/usr/bin/python3 harness/demo.py --build $(BUILD) $(DEMO_ARGS)
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h' '*.hpp')

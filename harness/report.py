@@ -1,0 +1,467 @@
+#!/usr/bin/python3
+"""Replay a matrix of traces x budgets x strategies and report it.
+
+    /usr/bin/python3 harness/report.py [--traces gpt_varlen,resnet50,vit_b16]
+        [--budgets 100,60,40] [--strategies spillway,none,save_on_cpu,torchtune,layerwise]
+        [--out DIR] [--quick] [--no-data-traces llama7b] [--replay PATH] [--jobs N]
+
+Every run is `build/bin/spillway-replay TRACE --strategy S --device-memory B
+[--budget B] --json ... --trace-out ...` (harness/README.md). A budget is a
+percentage of the trace's unconstrained peak (the replayer's baseline: strategy
+none, no memory limit), found first by one accounting-mode run; at budget B the
+simulated device has exactly B bytes for every strategy, and strategy spillway
+also gets B as its budget (SPILLWAY_GPU_BUDGET). So `none` at B is the plain
+allocator on a device of B bytes: it runs out of memory where the job needs more.
+
+Writes into DIR: `report.md` (the table and the plots), `results.json` (one row
+per run: the replayer's JSON plus the run's command), `runs/` (each run's JSON
+and Chrome trace), `memory_<trace>_<budget>.png` (resident device memory over
+simulated time, one panel per strategy) and `overhead_<trace>.png` (median step
+time relative to the baseline against the budget, the lower bound drawn in).
+
+EVERY TIME HERE IS SIMULATED: the virtual clock of sim/ with its H100 cost
+model (docs/sim.md), never wall-clock time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRACE_DIR = REPO / "harness" / "traces"
+STRATEGIES = ["spillway", "none", "save_on_cpu", "torchtune", "layerwise"]
+MIB = 1 << 20
+SIM = "simulated"
+
+
+def log(msg: str) -> None:
+    print(f"report: {msg}", file=sys.stderr, flush=True)
+
+
+def trace_path(name: str) -> Path:
+    """A committed trace's name (gpt_varlen) or a path to a .spwt file."""
+    p = Path(name)
+    if p.suffix == ".spwt" or p.exists():
+        return p.resolve()
+    return TRACE_DIR / f"{name}.spwt"
+
+
+def trace_label(path: Path) -> str:
+    return path.stem
+
+
+def budget_label(pct: float) -> str:
+    return f"{pct:g}%"
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+def replay(binary: Path, trace: Path, args: list[str], json_out: Path,
+           trace_out: Path | None = None, env: dict | None = None,
+           timeout: float = 1800) -> dict:
+    """One spillway-replay run; returns its JSON report plus `command`, `exit`,
+    `wall_s` (wall-clock seconds of the replay process, not simulated)."""
+    cmd = [str(binary), str(trace), *args, "--json", str(json_out)]
+    if trace_out is not None:
+        cmd += ["--trace-out", str(trace_out)]
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    if json_out.exists():
+        json_out.unlink()
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env={**os.environ, **(env or {})}, timeout=timeout)
+    wall = time.monotonic() - t0
+    if p.returncode == 2 or not json_out.exists():
+        raise ReplayError(f"{shlex.join(cmd)} failed (exit {p.returncode}):\n"
+                          f"{p.stderr[-3000:]}{p.stdout[-2000:]}")
+    rep = json.loads(json_out.read_text())
+    rep["command"] = shlex.join(cmd)
+    rep["exit"] = p.returncode
+    rep["wall_s"] = round(wall, 2)
+    rep["stdout"] = p.stdout
+    return rep
+
+
+def unconstrained_peak(binary: Path, trace: Path, work: Path, no_data: bool = True,
+                       steps: int | None = None) -> dict:
+    """The replayer's unconstrained run (strategy none, no memory limit)."""
+    args = ["--strategy", "none", "--no-data"]
+    if steps is not None:
+        args += ["--steps", str(steps)]
+    return replay(binary, trace, args, work / f"{trace_label(trace)}_probe.json")
+
+
+def run_args(strategy: str, device_bytes: int, no_data: bool, steps: int | None) -> list[str]:
+    args = ["--strategy", strategy, "--device-memory", str(device_bytes)]
+    if strategy == "spillway":
+        args += ["--budget", str(device_bytes)]
+    if no_data:
+        args.append("--no-data")
+    if steps is not None:
+        args += ["--steps", str(steps)]
+    return args
+
+
+def read_timeline(chrome_trace: Path) -> dict:
+    """Memory counter samples and step slices of the replayer's --trace-out.
+
+    Returns {"t_ms": [...], "device": [...], "host": [...] (bytes),
+    "steps": [(start_ms, end_ms), ...]}, all times simulated milliseconds."""
+    doc = json.loads(chrome_trace.read_text())
+    t, dev, host, steps = [], [], [], []
+    for ev in doc.get("traceEvents", []):
+        if ev.get("ph") == "C" and ev.get("name") == "memory":
+            t.append(ev["ts"] / 1e3)
+            dev.append(ev["args"].get("device_bytes", 0))
+            host.append(ev["args"].get("host_bytes", 0))
+        elif ev.get("ph") == "X" and str(ev.get("name", "")).startswith("step"):
+            steps.append((ev["ts"] / 1e3, (ev["ts"] + ev["dur"]) / 1e3))
+    return {"t_ms": t, "device": dev, "host": host, "steps": steps}
+
+
+_LIVE_CACHE: dict = {}
+
+
+def live_curve(trace: Path) -> list[int]:
+    """The job's live requested bytes after each ALLOC and FREE of the trace, in order.
+
+    The replayer samples its memory counter once per ALLOC it served and once
+    per FREE (strategies none and spillway: nothing else), so sample k is trace
+    event k and this curve can be drawn on the run's simulated clock: the
+    forward ramp and the backward sawtooth of what the job holds, whatever the
+    allocator caches or spillway evicts."""
+    key = str(trace)
+    if key not in _LIVE_CACHE:
+        sys.path.insert(0, str(REPO / "harness"))
+        import spillway_trace as st
+        live, sizes, cur = [], {}, 0
+        for r in st.iter_records(str(trace)):
+            if isinstance(r, st.Alloc):
+                sizes[r.alloc] = r.size
+                cur += r.size
+                live.append(cur)
+            elif isinstance(r, st.Free):
+                cur -= sizes.pop(r.alloc, 0)
+                live.append(cur)
+        _LIVE_CACHE[key] = live
+    return _LIVE_CACHE[key]
+
+
+# ---------------------------------------------------------------- table
+
+def fmt_mib(b) -> str:
+    return "-" if b is None else f"{b / MIB:.0f}"
+
+
+def fmt_ms(ns) -> str:
+    return "-" if not ns else f"{ns / 1e6:.2f}"
+
+
+def overhead_pct(row: dict) -> float | None:
+    if row.get("oom") or not row.get("sim_step_time_ns") or not row.get("sim_baseline_step_time_ns"):
+        return None
+    return 100.0 * (row["sim_step_time_ns"] / row["sim_baseline_step_time_ns"] - 1.0)
+
+
+def integrity(row: dict) -> str:
+    v = row.get("integrity_ok")
+    if v is None:
+        return "not checked"
+    return "ok" if v else "FAILED"
+
+
+TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
+              "| D2H / H2D MiB | step ms | overhead | lower bound ms | stall ms |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table; times are simulated milliseconds."""
+    out = [TABLE_HEAD]
+    for r in rows:
+        ov = overhead_pct(r)
+        oom = "yes (step %d)" % r["steps_completed"] if r.get("oom") else "no"
+        step = fmt_ms(r.get("sim_step_time_ns")) if not r.get("oom") else \
+            f"({fmt_ms(r.get('sim_step_time_ns'))})"
+        out.append(
+            f"| {r['trace_name']} | {r['budget_label']} | {r['strategy']} "
+            f"| {r['steps_completed']}/{r['steps_in_trace']} | {oom} | {integrity(r)} "
+            f"| {fmt_mib(r['peak_device_bytes'])} / {fmt_mib(r['budget_bytes'])} "
+            f"| {fmt_mib(r['bytes_device_to_host'])} / {fmt_mib(r['bytes_host_to_device'])} "
+            f"| {step} | {'-' if ov is None else f'{ov:+.0f}%'} "
+            f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} |\n")
+    return "".join(out)
+
+
+TABLE_NOTES = """\
+All times are **simulated** (the virtual clock of `sim/`, H100 cost model,
+55 GB/s each way), never wall-clock. *budget*: percentage of the trace's
+unconstrained peak; the simulated device has exactly that many bytes for every
+strategy, and `spillway` gets it as its budget. *steps*: completed / in the
+trace. *OOM*: an allocation returned NULL (the step it happened in). *peak*:
+device memory the simulator handed out. *D2H / H2D*: bytes the strategy moved
+each way (the trace's own copies excluded). *step ms*: median step, in
+parentheses when the run stopped at an OOM (median of the steps that ran).
+*overhead*: median step over the baseline's (strategy none, no memory limit)
+median step. *lower bound*: design.md section 9, median over steps. *stall*:
+sum over steps of the time above the baseline's same step.
+"""
+
+
+# ---------------------------------------------------------------- plots
+
+COLORS = {"spillway": "tab:blue", "none": "tab:gray", "save_on_cpu": "tab:red",
+          "torchtune": "tab:orange", "layerwise": "tab:green"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_memory(runs: list[dict], title: str, out: Path) -> Path:
+    """Resident device memory over simulated time, one panel per run (strategy)."""
+    plt = _plt()
+    n = len(runs)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 1.3 * n + 0.9), sharex=True, squeeze=False)
+    tmax = max((r["timeline"]["t_ms"][-1] for r in runs if r["timeline"]["t_ms"]), default=1)
+    ymax = max([max(r["timeline"]["device"], default=0) for r in runs] +
+               [max(r["timeline"]["host"], default=0) for r in runs] +
+               [max(live_curve(Path(r["trace"])), default=0) for r in runs] +
+               [r["budget_bytes"] for r in runs]) / MIB * 1.12
+    for ax, r in zip(axes[:, 0], runs):
+        tl = r["timeline"]
+        for i, (a, b) in enumerate(tl["steps"]):
+            if i % 2:
+                ax.axvspan(a, b, color="0.93", lw=0)
+        color = COLORS.get(r["strategy"], "tab:purple")
+        ax.plot(tl["t_ms"], [d / MIB for d in tl["device"]], drawstyle="steps-post",
+                lw=1.1, color=color, label="device memory (sim)")
+        if any(tl["host"]):
+            ax.plot(tl["t_ms"], [h / MIB for h in tl["host"]], drawstyle="steps-post",
+                    lw=0.6, color=color, alpha=0.45, ls="--", label="host memory (sim)")
+        live = live_curve(Path(r["trace"])) if r["strategy"] in ("none", "spillway") else []
+        if tl["t_ms"] and len(tl["t_ms"]) <= len(live):
+            ax.plot(tl["t_ms"], [b / MIB for b in live[:len(tl["t_ms"])]],
+                    drawstyle="steps-post", lw=0.6, color="k", alpha=0.7,
+                    label="job's live bytes (requested)")
+        ax.axhline(r["budget_bytes"] / MIB, color="tab:red", lw=0.8, ls=":", label="budget")
+        status = (f"OOM in step {r['steps_completed']}" if r.get("oom")
+                  else f"{r['steps_completed']}/{r['steps_in_trace']} steps")
+        if r.get("oom") and tl["t_ms"]:
+            ax.plot([tl["t_ms"][-1]], [tl["device"][-1] / MIB], "x", color="tab:red", ms=8, mew=2)
+        ax.text(0.005, 0.92, f"{r['strategy']}: {status}, peak {r['peak_device_bytes'] / MIB:.0f} MiB",
+                transform=ax.transAxes, va="top", fontsize=8)
+        ax.set_ylim(0, ymax)
+        ax.set_xlim(0, tmax * 1.01)
+        ax.set_ylabel("MiB", fontsize=8)
+        ax.tick_params(labelsize=7)
+    handles = {}
+    for ax in axes[:, 0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7,
+               frameon=False)
+    axes[-1, 0].set_xlabel("SIMULATED time (ms, sim virtual clock); shading: alternate steps",
+                           fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.035, 1, 0.97))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def plot_overhead(rows: list[dict], title: str, out: Path) -> Path:
+    """Median simulated step time relative to the baseline, against the budget."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    budgets = sorted({r["budget_pct"] for r in rows})
+    ooms = []
+    for s in dict.fromkeys(r["strategy"] for r in rows):
+        pts = sorted((r["budget_pct"], r) for r in rows if r["strategy"] == s)
+        xs = [b for b, r in pts if not r.get("oom")]
+        ys = [r["sim_step_time_ns"] / r["sim_baseline_step_time_ns"] for b, r in pts
+              if not r.get("oom")]
+        ax.plot(xs, ys, "o-", color=COLORS.get(s, "tab:purple"), label=s, ms=4, lw=1.2)
+        oom = [b for b, r in pts if r.get("oom")]
+        if oom:
+            ooms.append((s, oom))
+    lb = {}
+    for r in rows:
+        if r.get("sim_lower_bound_step_time_ns") and r.get("sim_baseline_step_time_ns"):
+            lb[r["budget_pct"]] = r["sim_lower_bound_step_time_ns"] / r["sim_baseline_step_time_ns"]
+    if lb:
+        xs = sorted(lb)
+        ax.plot(xs, [lb[x] for x in xs], "k--", lw=1, label="lower bound (design.md 9)")
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    lo, hi = ax.get_ylim()
+    for i, (s, xs) in enumerate(ooms):  # out of memory: no step time; marked along the top
+        y = hi + (hi - lo) * (0.04 + 0.05 * i)
+        ax.plot(xs, [y] * len(xs), "x", color=COLORS.get(s, "tab:purple"), ms=8, mew=2,
+                label=f"{s}: out of memory")
+    if ooms:
+        ax.set_ylim(lo, hi + (hi - lo) * (0.08 + 0.05 * len(ooms)))
+    ax.set_xlabel("budget (% of unconstrained peak; device memory = budget)", fontsize=8)
+    ax.set_ylabel("median step / baseline step\n(SIMULATED time)", fontsize=8)
+    ax.set_xticks(budgets)
+    ax.invert_xaxis()
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------- matrix
+
+def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategies: list[str],
+               out: Path, no_data_traces: set[str], steps: int | None = None,
+               jobs: int = 1) -> list[dict]:
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    tasks = []
+    for tr in traces:
+        name = trace_label(tr)
+        nd = name in no_data_traces
+        probe = unconstrained_peak(binary, tr, runs_dir, steps=steps)
+        peak = probe["unconstrained_peak_bytes"]
+        log(f"{name}: unconstrained peak {peak / MIB:.1f} MiB, baseline step "
+            f"{probe['sim_baseline_step_time_ns'] / 1e6:.3f} ms (simulated)")
+        for pct in budgets:
+            dev = int(peak * pct / 100)
+            for s in strategies:
+                stem = f"{name}_{pct:g}_{s}"
+                tasks.append(dict(trace=tr, name=name, pct=pct, dev=dev, strategy=s, no_data=nd,
+                                  json=runs_dir / f"{stem}.json",
+                                  chrome=runs_dir / f"{stem}.trace.json"))
+
+    def one(t):
+        rep = replay(binary, t["trace"], run_args(t["strategy"], t["dev"], t["no_data"], steps),
+                     t["json"], t["chrome"])
+        rep.pop("stdout", None)
+        rep.update(trace_name=t["name"], budget_pct=t["pct"], budget_label=budget_label(t["pct"]),
+                   device_bytes=t["dev"], chrome_trace=str(t["chrome"]))
+        log(f"{t['name']} {budget_label(t['pct'])} {t['strategy']}: steps "
+            f"{rep['steps_completed']}/{rep['steps_in_trace']}"
+            f"{' OOM' if rep['oom'] else ''}, integrity {integrity(rep)}, median step "
+            f"{fmt_ms(rep['sim_step_time_ns'])} ms simulated ({rep['wall_s']} s wall)")
+        return rep
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        rows = list(ex.map(one, tasks))
+    return rows
+
+
+def write_report(rows: list[dict], out: Path, command: str, plot_budgets: list[float]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    pngs = []
+    for name in dict.fromkeys(r["trace_name"] for r in rows):
+        trows = [r for r in rows if r["trace_name"] == name]
+        for pct in plot_budgets:
+            sel = [r for r in trows if r["budget_pct"] == pct]
+            if not sel:
+                continue
+            for r in sel:
+                r["timeline"] = read_timeline(Path(r["chrome_trace"]))
+            dev = sel[0]["device_bytes"]
+            pngs.append(plot_memory(
+                sel, f"{name}: resident device memory, device = budget = {budget_label(pct)} of "
+                f"unconstrained peak ({dev / MIB:.0f} MiB) - SIMULATED time",
+                out / f"memory_{name}_{pct:g}.png"))
+            for r in sel:
+                r.pop("timeline", None)
+        if len({r["budget_pct"] for r in trows}) > 1:
+            pngs.append(plot_overhead(trows, f"{name}: step-time overhead vs budget (SIMULATED)",
+                                      out / f"overhead_{name}.png"))
+    md = ["# spillway-replay matrix (SIMULATED time)\n\n",
+          f"Command: `{command}`\n\n", TABLE_NOTES, "\n", table(rows), "\n"]
+    md += [f"![{p.stem}]({p.name})\n\n" for p in pngs]
+    path = out / "report.md"
+    path.write_text("".join(md))
+    return path
+
+
+def parse_list(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", default="gpt_varlen,resnet50,vit_b16",
+                    help="committed trace names (harness/traces/NAME.spwt) or .spwt paths")
+    ap.add_argument("--budgets", default="100,60,40",
+                    help="percentages of each trace's unconstrained peak")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--out", default=str(REPO / "build" / "report"))
+    ap.add_argument("--quick", action="store_true",
+                    help="gpt_varlen only, budgets 100,60, strategies spillway,none "
+                         "(unless given explicitly)")
+    ap.add_argument("--no-data-traces", default="llama7b",
+                    help="traces replayed in accounting mode (--no-data)")
+    ap.add_argument("--plot-budgets", default=None,
+                    help="budgets with a memory plot (default: every budget below 100)")
+    ap.add_argument("--steps", type=int, default=None, help="replay only the first N steps")
+    ap.add_argument("--replay", default=str(REPO / "build" / "bin" / "spillway-replay"))
+    ap.add_argument("--jobs", type=int, default=1, help="replays run at once (each is one core)")
+    raw = sys.argv[1:] if argv is None else argv
+    a = ap.parse_args(raw)
+    given = {x.split("=")[0] for x in raw}
+    if a.quick:
+        if "--traces" not in given:
+            a.traces = "gpt_varlen"
+        if "--budgets" not in given:
+            a.budgets = "100,60"
+        if "--strategies" not in given:
+            a.strategies = "spillway,none"
+    binary = Path(a.replay)
+    if not binary.exists():
+        log(f"{binary} not found: build it first (make build, or cmake --build build "
+            "--target spillway-replay spillway simcuda simcupti)")
+        return 2
+    strategies = parse_list(a.strategies)
+    for s in strategies:
+        if s not in STRATEGIES:
+            ap.error(f"unknown strategy {s}; known: {', '.join(STRATEGIES)}")
+    budgets = [float(b.rstrip("%")) for b in parse_list(a.budgets)]
+    traces = [trace_path(t) for t in parse_list(a.traces)]
+    for t in traces:
+        if not t.exists():
+            ap.error(f"trace {t} not found")
+    plot_budgets = ([float(b.rstrip("%")) for b in parse_list(a.plot_budgets)]
+                    if a.plot_budgets else [b for b in budgets if b < 100] or budgets[:1])
+    out = Path(a.out)
+    t0 = time.monotonic()
+    try:
+        rows = run_matrix(binary, traces, budgets, strategies, out,
+                          set(parse_list(a.no_data_traces)), a.steps, a.jobs)
+    except ReplayError as e:
+        log(str(e))
+        return 1
+    command = "/usr/bin/python3 harness/report.py " + shlex.join(raw)
+    path = write_report(rows, out, command.strip(), plot_budgets)
+    print(table(rows), end="")
+    log(f"wrote {path} and its plots in {out} ({time.monotonic() - t0:.0f} s wall clock; "
+        "every figure in them is simulated time)")
+    return 0 if all(r["exit"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""harness/report.py and harness/demo.py on a tiny synthetic trace (pytest, run by
+ctest as python_report with REPLAY_BIN_FOR_TESTS pointing at build/bin/spillway-replay).
+
+The trace is a 2-layer "transformer" of 2 MiB activations over 3 steps, the
+middle one 4x longer: its live set is several times the others', so a device
+of 65% of the unconstrained peak runs the plain allocator out of memory there
+while spillway can complete. All times involved are simulated."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "harness"))
+import demo  # noqa: E402
+import report  # noqa: E402
+import spillway_trace as st  # noqa: E402
+
+REPLAY = Path(os.environ.get("REPLAY_BIN_FOR_TESTS", REPO / "build" / "bin" / "spillway-replay"))
+pytestmark = pytest.mark.skipif(not REPLAY.exists(), reason=f"{REPLAY} not built")
+
+MIB = 1 << 20
+
+
+def write_trace(path: Path, lengths=(1, 4, 1), layers=2, act=2 * MIB):
+    """Forward ramp (activations saved for backward), backward sawtooth, SGD-like update."""
+    ids = iter(range(1, 1 << 30))
+    with st.Writer(str(path), meta={"source": "test_report", "layers": layers}) as w:
+        mm, bwd, upd = w.string("aten::mm"), w.string("aten::mm_backward"), w.string("aten::add_")
+        weights = []
+        for _ in range(layers):
+            wid = next(ids)
+            w.alloc(wid, act)
+            w.launch(0, upd, 5000, [(wid, 0, act, st.WRITE)])
+            weights.append(wid)
+        for step, n in enumerate(lengths):
+            w.step(step)
+            w.phase(st.PHASE_FORWARD)
+            size = act * n
+            x = next(ids)
+            w.alloc(x, size)
+            w.launch(0, mm, 10000, [(x, 0, size, st.WRITE)])
+            saved = [x]
+            for wid in weights:
+                y = next(ids)
+                w.alloc(y, size)
+                w.launch(0, mm, 20000 * n, [(saved[-1], 0, size, st.READ),
+                                            (wid, 0, act, st.READ), (y, 0, size, st.WRITE)])
+                saved.append(y)
+            w.phase(st.PHASE_BACKWARD)
+            g = next(ids)
+            w.alloc(g, size)
+            w.launch(0, bwd, 10000, [(saved[-1], 0, size, st.READ), (g, 0, size, st.WRITE)])
+            for i in reversed(range(layers)):
+                gx = next(ids)
+                w.alloc(gx, size)
+                w.launch(0, bwd, 40000 * n, [(g, 0, size, st.READ), (saved[i], 0, size, st.READ),
+                                             (weights[i], 0, act, st.READ_WRITE),
+                                             (gx, 0, size, st.WRITE)])
+                w.free(g)
+                w.free(saved[i + 1])
+                g = gx
+            w.free(g)
+            w.free(saved[0])
+            w.phase(st.PHASE_OTHER)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_trace(tmp_path_factory.mktemp("trace") / "tiny.spwt")
+
+
+def test_report_table_and_plots(tiny, tmp_path):
+    out = tmp_path / "report"
+    rc = report.main(["--traces", str(tiny), "--budgets", "100,60", "--strategies",
+                      "spillway,none", "--out", str(out), "--replay", str(REPLAY)])
+    assert rc == 0
+    md = (out / "report.md").read_text()
+    assert "SIMULATED" in md and report.TABLE_HEAD.splitlines()[0] in md
+    rows = json.loads((out / "results.json").read_text())
+    assert {(r["budget_label"], r["strategy"]) for r in rows} == {
+        ("100%", "spillway"), ("100%", "none"), ("60%", "spillway"), ("60%", "none")}
+    for r in rows:
+        assert f"| tiny | {r['budget_label']} | {r['strategy']} |" in md
+        assert r["integrity_ok"] is True
+    by = {(r["budget_label"], r["strategy"]): r for r in rows}
+    assert by["100%", "none"]["steps_completed"] == 3 and not by["100%", "none"]["oom"]
+    assert by["60%", "none"]["oom"]
+    assert by["60%", "spillway"]["steps_completed"] == 3
+    assert by["60%", "spillway"]["peak_device_bytes"] <= by["60%", "spillway"]["budget_bytes"]
+    for png in ("memory_tiny_60.png", "overhead_tiny.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert f"({png})" in md
+    # The timeline the memory plot draws: one sample per ALLOC/FREE served.
+    tl = report.read_timeline(Path(by["60%", "spillway"]["chrome_trace"]))
+    assert len(tl["t_ms"]) == len(report.live_curve(tiny)) and len(tl["steps"]) == 3
+    assert tl["t_ms"] == sorted(tl["t_ms"])
+
+
+def test_demo_checks(tiny, tmp_path):
+    out = tmp_path / "demo"
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "spillway-replay").symlink_to(REPLAY)
+    rc = demo.main(["--build", str(build), "--out", str(out), "--trace", str(tiny),
+                    "--anchors", "torchtune"])
+    s = json.loads((out / "summary.json").read_text())
+    assert s["longest_step"] == 1
+    assert s["baseline_oom_shown"] is True and s["baseline_oom_step"] == 1
+    assert s["runs"]["none"]["oom"] is True
+    assert s["spillway_completed"] is True
+    sp = s["runs"]["spillway"]
+    assert sp["integrity_ok"] is True and sp["steps_completed"] == sp["steps_in_trace"] == 3
+    assert sp["peak_device_bytes"] <= s["device_bytes"]
+    assert rc == 0
+    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+    for f in ("spillway.perfetto.json", "replay.perfetto.json"):
+        doc = json.loads((out / f).read_text())  # JSON array or object form
+        events = doc if isinstance(doc, list) else doc["traceEvents"]
+        assert any(e.get("ph") == "C" for e in events), f
+
+
+def test_demo_fails_when_the_baseline_fits(tiny, tmp_path):
+    """Not 0 when the device is not smaller than the longest step needs (nothing to show)."""
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "spillway-replay").symlink_to(REPLAY)
+    small = write_trace(tmp_path / "flat.spwt", lengths=(1, 1))
+    rc = demo.main(["--build", str(build), "--out", str(tmp_path / "d"), "--trace", str(small),
+                    "--anchors", "", "--fraction", "1.0"])
+    assert rc != 0
