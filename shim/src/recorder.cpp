@@ -167,7 +167,51 @@ void Recorder::on_kernel_time(uint32_t correlation, uint64_t duration_ns) {
   awaiting_.erase(it);
 }
 
+void Recorder::on_device_record(void* self, const cupti::DeviceRecord& r) {
+  if (r.kind == cupti::DeviceRecord::Kind::kKernel && r.end >= r.start)
+    static_cast<Recorder*>(self)->on_kernel_time(r.correlation, r.end - r.start);
+}
+
+bool Recorder::collect_durations(const cupti::Api& api, std::string* why) {
+  activity_ = cupti::ActivityBuffers::start(
+      api,
+      [](void* self) {
+        auto* r = static_cast<Recorder*>(self);
+        std::lock_guard lk(r->wake_mu_);
+        r->wake_ = true;
+        r->wake_cv_.notify_one();
+      },
+      this, why);
+  if (!activity_) return false;
+  drainer_ = std::thread([this] { drain_loop(); });
+  return true;
+}
+
+void Recorder::drain_loop() {
+  std::unique_lock lk(wake_mu_);
+  while (!stop_) {
+    // Buffers complete when full (the wake) or when flushed: flush now and
+    // then so that a slow job's durations do not wait for its end.
+    if (!wake_cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return wake_ || stop_; }))
+      activity_->flush();
+    wake_ = false;
+    lk.unlock();
+    activity_->drain([&](const cupti::DeviceRecord& r) { on_device_record(this, r); });
+    lk.lock();
+  }
+}
+
 void Recorder::close() {
+  if (drainer_.joinable()) {
+    {
+      std::lock_guard lk(wake_mu_);
+      stop_ = true;
+    }
+    wake_cv_.notify_one();
+    drainer_.join();
+    activity_->flush();
+    activity_->drain([&](const cupti::DeviceRecord& r) { on_device_record(this, r); });
+  }
   std::lock_guard lk(mu_);
   if (!w_.is_open()) return;
   flush_launch();

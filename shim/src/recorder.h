@@ -10,7 +10,9 @@
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <thread>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "access_sink.h"
+#include "activity.h"
 #include "trace/trace.h"
 
 namespace spillway {
@@ -35,6 +38,12 @@ class Recorder {
   void on_step(uint64_t step);
   // A kernel's device time, from its activity record (by correlation id).
   void on_kernel_time(uint32_t correlation, uint64_t duration_ns);
+  // For ChromeTrace::set_record_listener, when SPILLWAY_TRACE reads the
+  // activity records.
+  static void on_device_record(void* self, const cupti::DeviceRecord& r);
+  // Reads the activity records itself (when nothing else does). False, and
+  // why, if CUPTI's activity API cannot be had: durations stay 0 (unknown).
+  bool collect_durations(const cupti::Api& api, std::string* why);
   // Writes what is buffered and the end marker. Idempotent.
   void close();
 
@@ -72,6 +81,13 @@ class Recorder {
   std::vector<trace::Touch> pending_touches_;
   // Launches waiting for their duration: correlation id -> LAUNCH index.
   std::unordered_map<uint32_t, uint64_t> awaiting_;
+  // Own activity collection (collect_durations): a thread drains the buffers.
+  void drain_loop();
+  std::unique_ptr<cupti::ActivityBuffers> activity_;
+  std::thread drainer_;
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  bool wake_ = false, stop_ = false;
 };
 
 }  // namespace spillway
