@@ -70,6 +70,22 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   size_t total = 0;
   CUdevice dev = 0;
   d.cuDeviceGet(&dev, o.device);
+  int host_vmm = 0;
+  if (o.evict && (d.cuDeviceGetAttribute(
+                      &host_vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                      dev) != CUDA_SUCCESS ||
+                  !host_vmm)) {
+    // Contract 4: no host memory to evict to, so no budget to keep: a budget
+    // without eviction would fail allocations the job could make without
+    // spillway. Caching only, as in SPILLWAY_MODE=off.
+    log::warn(
+        "device {} cannot map host memory into its address space "
+        "(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0): eviction "
+        "and the budget are off, spillway only caches allocations",
+        o.device);
+    a->o_.evict = false;
+    a->o_.gpu_budget = 0;
+  }
   d.cuDeviceTotalMem(&total, dev);
   // VA is cheap: room for the device's memory four times over, so evicted
   // blocks (which keep their addresses) never exhaust it.
@@ -87,10 +103,10 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   }
   a->bg_ev_ = Event(d);
   a->owners_.assign(a->arena_.size() / g, nullptr);
-  a->s_.budget_bytes = o.gpu_budget;
+  a->s_.budget_bytes = a->o_.gpu_budget;
   a->s_.host_budget_bytes = o.host_budget;
-  if (o.background && o.evict && o.gpu_budget > 4 * g) {
-    a->high_water_ = o.gpu_budget - std::max<uint64_t>(g, o.gpu_budget / 20);
+  if (o.background && a->o_.evict && a->o_.gpu_budget > 4 * g) {
+    a->high_water_ = a->o_.gpu_budget - std::max<uint64_t>(g, a->o_.gpu_budget / 20);
     a->bg_ = std::thread([p = a.get()] { p->background_loop(); });
   }
   return a;
@@ -110,10 +126,19 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
            }()),
       host_(d,
             [&] {
+              // Host memory on the GPU's own NUMA node (design.md 4.1), so
+              // that copies do not cross sockets; plain HOST if it has none.
               CUmemAllocationProp p{};
               p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-              p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-              p.location.id = 0;
+              CUdevice dev = 0;
+              int numa = -1;
+              if (d.cuDeviceGet(&dev, o.device) != CUDA_SUCCESS ||
+                  d.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) !=
+                      CUDA_SUCCESS)
+                numa = -1;
+              p.location.type =
+                  numa >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+              p.location.id = numa >= 0 ? numa : 0;
               return p;
             }()),
       chooser_(std::make_unique<policy::LruChooser>()) {}

@@ -75,6 +75,11 @@ void Runtime::start() {
   }
   if (driver_ && cfg_.mode == Mode::kHost) start_tracking();
   if (!cfg_.trace_file.empty()) start_trace();
+  if (recorder_) start_durations();
+  if (cfg_.stacks) {
+    sites_ = Sites::start(trace_.get(), &why);
+    if (!sites_) log::warn("SPILLWAY_STACKS=1: {}; allocation sites are not recorded", why);
+  }
   std::atexit([] {
     if (Runtime* rt = peek()) rt->report_at_exit();
   });
@@ -109,6 +114,19 @@ void Runtime::start_trace() {
   if (!why.empty()) log::warn("SPILLWAY_TRACE: {}: kernels are missing", why);
   if (tracker_) tracker_->set_internal_call_hook(&ChromeTrace::internal_call, trace_.get());
   trace_->install_signal_handlers();
+}
+
+void Runtime::start_durations() {
+  // Kernel durations come from CUPTI's activity records, which one reader
+  // takes per process: the Chrome trace when there is one, else the recorder.
+  if (trace_) {
+    trace_->set_record_listener(&Recorder::on_device_record, recorder_.get());
+    return;
+  }
+  std::string why = "no access tracking";
+  const cupti::Api* api = tracker_ ? cupti::load(cfg_.cupti_path, &why) : nullptr;
+  if (!api || !recorder_->collect_durations(*api, &why))
+    log::warn("SPILLWAY_RECORD: kernel durations are not recorded ({})", why);
 }
 
 bool Runtime::may_own(uintptr_t p) const {
@@ -176,7 +194,7 @@ Allocator* Runtime::allocator(int device) {
   o.evict = cfg_.mode == Mode::kHost;
   // Evicting ahead of need is safe only when every access is seen.
   o.background = tracker_ != nullptr;
-  o.observer = trace_.get();
+  o.observer = sites_ ? static_cast<Observer*>(sites_.get()) : trace_.get();
   o.gpu_budget = cfg_.mode == Mode::kOff ? 0
                  : cfg_.gpu_budget.set   ? cfg_.gpu_budget.resolve(total)
                                          : default_gpu_budget(total);
@@ -242,14 +260,20 @@ Stats Runtime::stats() {
 
 void Runtime::report_at_exit() {
   Stats s = stats();
-  if (recorder_) recorder_->close();
   // The one line a user always gets (unless SPILLWAY_LOG_LEVEL=off), even at
   // a quieter level than info.
   if (trace_) trace_->finish();
+  if (recorder_) recorder_->close();  // after the trace: its last records bring durations
   auto& l = log::get();
   if (cfg_.log_level != LogLevel::kOff) {
     l.log(std::max(l.level(), spdlog::level::info), "{}", summary_line(s));
     if (trace_) l.log(std::max(l.level(), spdlog::level::info), "{}", trace_->describe());
+    if (sites_) {
+      const std::string top = sites_->top(5);
+      if (!top.empty())
+        l.log(std::max(l.level(), spdlog::level::info),
+              "allocation sites whose blocks were evicted most (SPILLWAY_STACKS):\n{}", top);
+    }
   }
   if (!cfg_.stats_file.empty()) {
     std::FILE* f = std::fopen(cfg_.stats_file.c_str(), "w");

@@ -17,6 +17,7 @@
 #include "tracker.h"
 #include "config.h"
 #include "recorder.h"
+#include "sites.h"
 #include "driver.h"
 
 namespace spillway {
@@ -37,6 +38,8 @@ class Runtime final : public AccessSink {
   }
   // SPILLWAY_RECORD's writer, or null.
   Recorder* recorder() { return recorder_.get(); }
+  // SPILLWAY_STACKS's call sites, or null.
+  Sites* sites() { return sites_.get(); }
   // A malloc that returned NULL before reaching an allocator (no driver, bad
   // device): counted with the out-of-memory results.
   void note_unserved() { unserved_.fetch_add(1, std::memory_order_relaxed); }
@@ -57,7 +60,8 @@ class Runtime final : public AccessSink {
   void start();
   void report_at_exit();
   void start_tracking();
-  void start_trace();  // SPILLWAY_TRACE
+  void start_trace();      // SPILLWAY_TRACE
+  void start_durations();  // SPILLWAY_RECORD's kernel durations
 
   Config cfg_;
   const cu::Driver* driver_ = nullptr;
@@ -68,8 +72,9 @@ class Runtime final : public AccessSink {
   std::array<std::atomic<Allocator*>, kMaxDevices> active_{};  // lock-free lookups
   std::atomic<size_t> active_count_{0};
   std::unique_ptr<Tracker> tracker_;
-  std::unique_ptr<ChromeTrace> trace_;  // the allocators' observer
   std::unique_ptr<Recorder> recorder_;
+  std::unique_ptr<ChromeTrace> trace_;
+  std::unique_ptr<Sites> sites_;  // before trace_ in the allocators' observer chain
   bool blind_ = false;
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> unserved_{0};

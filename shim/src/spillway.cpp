@@ -18,7 +18,11 @@ ABI_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
   spillway::Allocator* a = rt.allocator(device);
   if (a) {
     void* p = a->malloc(size, stream);
-    if (spillway::Recorder* r = rt.recorder(); r && p) r->on_alloc(p, size, stream, nullptr);
+    if (!p) return p;
+    const char* site = nullptr;
+    if (spillway::Sites* s = rt.sites(); s && size >= rt.config().min_block)
+      site = s->on_alloc(p, size);
+    if (spillway::Recorder* r = rt.recorder()) r->on_alloc(p, size, stream, site);
     return p;
   }
   if (size) rt.note_unserved();
@@ -31,6 +35,7 @@ ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* s
   spillway::Allocator* a = rt.allocator(device);
   if (!a) return;
   if (spillway::Recorder* r = rt.recorder()) r->on_free(ptr, size, stream);
+  if (spillway::Sites* s = rt.sites()) s->on_free(ptr);
   a->free(ptr, size, stream);
 }
 

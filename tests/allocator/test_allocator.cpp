@@ -604,3 +604,26 @@ TEST_F(BackgroundTest, UseDuringAnEvictionInFlightCancelsItAndKeepsTheWrite) {
   EXPECT_EQ(0u, mismatches());
   allocator_.reset();  // joins the background thread before `live` goes
 }
+
+class NoHostVmmAllocatorTest : public AllocatorTest {
+  void configure() override { setenv("SIMCUDA_HOST_NUMA_VMM", "0", 1); }
+};
+
+// Contract 4: without host-memory VMM there is nowhere to evict to; spillway
+// must not turn its budget into OOMs the job would not have had.
+TEST_F(NoHostVmmAllocatorTest, WithoutHostMemoryVmmTheBudgetIsOffAndEverythingFits) {
+  auto a = make(8 * MiB);
+  std::vector<Live> live;
+  for (int i = 0; i < 6; ++i) {  // 24 MiB: three times the budget
+    void* p = a->malloc(4 * MiB, nullptr);
+    ASSERT_NE(nullptr, p) << i;
+    live.push_back({p, 4 * MiB, 700u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, live.back().seed, nullptr);
+  }
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_EQ(0u, st.blocks_evicted);
+  EXPECT_EQ(0u, st.budget_bytes);
+  for (const Live& l : live) a->free(l.p, l.size, nullptr);
+}

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -154,4 +155,32 @@ TEST(Record, AnUnwritableRecordWarnsAndTheJobRunsOn) {
   ASSERT_EQ(0, run_probe("/nonexistent-dir/x/record.spwt", &out)) << out;
   EXPECT_NE(std::string::npos, out.find("cannot write SPILLWAY_RECORD")) << out;
   EXPECT_NE(std::string::npos, out.find("done")) << out;
+}
+
+// SPILLWAY_STACKS=1: each large allocation names its native call site (here
+// the probe's main), in the record and, for evicted blocks, in the summary.
+TEST(Record, StacksNameTheCallSiteOfLargeAllocations) {
+  const std::string path = temp_path("spillway-record-stacks.spwt");
+  std::string out;
+  ASSERT_EQ(0, run_probe(path, &out, "SPILLWAY_STACKS=1 SPILLWAY_GPU_BUDGET=8MiB")) << out;
+  EXPECT_NE(std::string::npos, out.find("allocation sites whose blocks were evicted most")) << out;
+  EXPECT_NE(std::string::npos, out.find("bytes evicted in")) << out;
+  std::string error;
+  auto ev = read_all(path, &error);
+  ASSERT_EQ("", error);
+  std::map<uint64_t, std::string> strings;
+  std::map<uint64_t, uint64_t> site_of;  // alloc -> site
+  for (auto& e : ev) {
+    if (auto* s = std::get_if<tr::StringRec>(&e)) strings[s->id] = s->text;
+    if (auto* a = std::get_if<tr::AllocRec>(&e)) site_of[a->alloc] = a->site;
+  }
+  ASSERT_EQ(3u, site_of.size());
+  for (uint64_t large : {1u, 2u}) {
+    ASSERT_NE(0u, site_of[large]);
+    EXPECT_NE(std::string::npos, strings[site_of[large]].find("record_probe"))
+        << strings[site_of[large]];
+  }
+  EXPECT_NE(site_of[1], site_of[2]) << "two call sites, two sites";
+  EXPECT_EQ(0u, site_of[3]) << "small blocks have no site";
+  fs::remove(path);
 }
