@@ -73,8 +73,14 @@ class Child {
  public:
   Child(const std::vector<std::string>& args, const std::vector<std::string>& env) {
     std::vector<std::string> e;
+    auto overridden = [&](const char* v) {
+      for (const auto& x : env)
+        if (x.compare(0, x.find('=') + 1, v, std::strcspn(v, "=") + 1) == 0) return true;
+      return false;
+    };
     for (char** v = environ; *v; ++v)
-      if (std::strncmp(*v, "SPILLWAY_", 9) != 0 && std::strncmp(*v, "SIMCUDA_", 8) != 0)
+      if (std::strncmp(*v, "SPILLWAY_", 9) != 0 && std::strncmp(*v, "SIMCUDA_", 8) != 0 &&
+          !overridden(*v))
         e.emplace_back(*v);
     e.insert(e.end(), env.begin(), env.end());
     int p[2];
@@ -282,7 +288,15 @@ TEST_F(ChromeTraceRun, SigkillLeavesATraceThatLoadsUpToItsLastWrite) {
 
 TEST_F(ChromeTraceRun, LongRunKeepsEveryBufferWithinItsCap) {
   constexpr long kLaunches = 100000;
-  Child c(probe("long", std::to_string(kLaunches)), env("1GiB"));
+  auto e = env("1GiB");
+  // LeakSanitizer's exit scan crashes ("Tracer caught signal 11", a bogus
+  // DTLS range) once a simulator stream worker has touched the thread_local
+  // of the dlopen'ed libcupti.so.13, which it does when it hands over a full
+  // activity buffer: a sanitizer runtime limitation with dynamic TLS on this
+  // glibc, not a leak. This child runs without the leak check (ASan stays on).
+  if (const char* a = std::getenv("ASAN_OPTIONS"))
+    e.push_back(std::string("ASAN_OPTIONS=") + a + ":detect_leaks=0");
+  Child c(probe("long", std::to_string(kLaunches)), e);
   stats_line(c);
   const int st = c.wait();
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
