@@ -47,6 +47,9 @@ class AccessSink {
   // Could `p` be inside one of the sink's blocks? Called for every argument
   // word of every launch: must be a lock-free range check.
   virtual bool may_own(uintptr_t p) const = 0;
+  // [lo, hi) holding every address the sink may own (an envelope; may be
+  // wider): the scan's inline first check, so most words cost no call.
+  virtual void envelope(uintptr_t* lo, uintptr_t* hi) const = 0;
   // Work on `a.stream` is about to use these ranges: make their blocks
   // resident (restore, or cancel an eviction in flight) and record the
   // stream as a user. Called before the launch, copy or set is queued; a

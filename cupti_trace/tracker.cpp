@@ -554,10 +554,14 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
     deliver(access, found, count);
     count = 0;
   };
+  uintptr_t lo = 0, hi = 0;
+  sink_.envelope(&lo, &hi);
+  const uintptr_t span = hi - lo;
   auto word = [&](const unsigned char* at) {
     uint64_t w;
     std::memcpy(&w, at, 8);
-    if (!sink_.may_own(w)) return;
+    // Most words are sizes, strides and flags: one inline compare rejects them.
+    if (w - lo >= span || !sink_.may_own(w)) return;
     found[count++] = {w, w + 1};
     if (count == kBatch) flush();
   };

@@ -80,6 +80,10 @@ class Allocator final : public AccessSink {
 
   // AccessSink: the tracker reports every launch, copy and set here.
   bool may_own(uintptr_t p) const override { return arena_.contains(p); }
+  void envelope(uintptr_t* lo, uintptr_t* hi) const override {
+    *lo = arena_.base();
+    *hi = arena_.base() + arena_.size();
+  }
   void before_use(const Access& a, const Touch* touches, size_t n) override;
   void hold(const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;

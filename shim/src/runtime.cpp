@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -127,6 +129,21 @@ void Runtime::start_durations() {
   const cupti::Api* api = tracker_ ? cupti::load(cfg_.cupti_path, &why) : nullptr;
   if (!api || !recorder_->collect_durations(*api, &why))
     log::warn("SPILLWAY_RECORD: kernel durations are not recorded ({})", why);
+}
+
+void Runtime::envelope(uintptr_t* lo, uintptr_t* hi) const {
+  *lo = UINTPTR_MAX;
+  *hi = 0;
+  const size_t n = active_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i) {
+    Allocator* a = active_[i].load(std::memory_order_acquire);
+    if (!a) continue;
+    uintptr_t l = 0, h = 0;
+    a->envelope(&l, &h);
+    *lo = std::min(*lo, l);
+    *hi = std::max(*hi, h);
+  }
+  if (*lo > *hi) *lo = *hi = 0;
 }
 
 bool Runtime::may_own(uintptr_t p) const {
