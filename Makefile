@@ -29,11 +29,6 @@ DEMO_TARGETS = spillway-replay spillway simcuda simcupti
 demo: deps
 	$(MAKE) configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS)
-	@/usr/bin/python3 -c 'import matplotlib' 2>/dev/null || { \
-	  echo "demo: installing python3-matplotlib (for the memory plot)"; \
-	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
-	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq \
-	    --no-install-recommends python3-matplotlib >/dev/null; }
 	/usr/bin/python3 harness/demo.py --build $(BUILD) $(DEMO_ARGS)
 
 format:

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libspdlog-dev libfmt-dev
           libunwind-dev python3 python3-pytest
-          python3-torch python3-torchvision python3-numpy)  # the trace recorder and its tests
+          python3-torch python3-torchvision python3-numpy python3-matplotlib)  # the trace recorder and its tests
 
 missing=()
 for p in "${packages[@]}"; do
