@@ -141,7 +141,7 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
               p.location.id = numa >= 0 ? numa : 0;
               return p;
             }()),
-      chooser_(std::make_unique<policy::LruChooser>()) {}
+      chooser_(o.chooser ? o.chooser : std::make_shared<policy::LruChooser>()) {}
 
 Allocator::~Allocator() {
   InternalCalls internal;
@@ -775,6 +775,7 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   auto use = [&](Block* b) {
     note_user(b, stream);
     b->last_use = ++tick_;
+    chooser_->on_access({b->ptr, b->size, reinterpret_cast<uint64_t>(stream), a.seq, a.name});
     if (b->where == Block::Where::kEvicting) {
       b->cancel = true;  // its device memory is still mapped and current
     } else if (b->where == Block::Where::kHost) {

@@ -54,6 +54,8 @@ struct AllocatorOptions {
   std::function<void()> before_swap;
   // Told of every transfer and change of memory held (may be null).
   Observer* observer = nullptr;
+  // The eviction policy (null: least recently used); told of every access.
+  std::shared_ptr<policy::VictimChooser> chooser;
 };
 
 class Allocator final : public AccessSink {
@@ -172,7 +174,7 @@ class Allocator final : public AccessSink {
   std::condition_variable bg_cv_;
   bool bg_stop_ = false;
   CUcontext ctx_ = nullptr;
-  std::unique_ptr<policy::VictimChooser> chooser_;
+  std::shared_ptr<policy::VictimChooser> chooser_;
 
   std::unordered_map<uintptr_t, Block*> live_;  // by pointer
   // Free large blocks by stream, then capacity (best fit).

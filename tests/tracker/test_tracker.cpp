@@ -330,3 +330,42 @@ TEST_F(TrackerTest, ARuntimeLaunchIsScannedOnceAndRestores) {
   EXPECT_EQ(Allocator::Residency::kDevice, alloc_->residency(p));
   EXPECT_EQ(0u, g_bad.load());
 }
+
+// The policy is told of every access to an evictable block: which block, on
+// which stream, at which launch, by which kernel (design.md 7).
+TEST_F(TrackerTest, ThePolicyIsToldOfEveryAccess) {
+  struct Recorder final : spillway::policy::VictimChooser {
+    spillway::policy::LruChooser lru;
+    std::vector<spillway::policy::Access> seen;
+    std::vector<uint64_t> choose(std::vector<spillway::policy::Candidate> c, size_t need) override {
+      return lru.choose(std::move(c), need);
+    }
+    void on_access(const spillway::policy::Access& a) override { seen.push_back(a); }
+  };
+  auto chooser = std::make_shared<Recorder>();
+  tracker_.reset();  // one subscriber at a time
+  std::string why;
+  AllocatorOptions o;
+  o.chooser = chooser;
+  auto alloc = Allocator::create(*driver_, o, &why);
+  ASSERT_NE(nullptr, alloc) << why;
+  auto tracker = Tracker::start(*api_, *driver_, *alloc, &why);
+  ASSERT_NE(nullptr, tracker) << why;
+  void* p = alloc->malloc(4 * MiB, nullptr);
+  void* q = alloc->malloc(4 * MiB, nullptr);
+  CheckArgs a{static_cast<const uint64_t*>(p), 0, 0, 0};
+  void* params[] = {&a.p, &a.seed, &a.bytes, &a.offset};
+  ASSERT_CU(cuLaunchKernel(check_, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr));
+  ASSERT_CU(cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(q), 0, 64, nullptr));
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_EQ(2u, chooser->seen.size());
+  EXPECT_EQ(reinterpret_cast<uint64_t>(p), chooser->seen[0].block);
+  EXPECT_EQ(4 * MiB, chooser->seen[0].bytes);
+  EXPECT_STREQ("check", chooser->seen[0].kernel);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(q), chooser->seen[1].block);
+  EXPECT_EQ(nullptr, chooser->seen[1].kernel);
+  EXPECT_LT(chooser->seen[0].launch, chooser->seen[1].launch);
+  tracker.reset();
+  alloc->free(p, 4 * MiB, nullptr);
+  alloc->free(q, 4 * MiB, nullptr);
+}
