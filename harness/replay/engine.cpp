@@ -146,7 +146,7 @@ bool Engine::cu(CUresult r, const char* what) {
 }
 
 bool Engine::init() {
-  if (!cu(ctx_.init(), "cuInit/primary context")) return false;
+  if (!cu(retain_primary_context_for_process(), "cuInit/primary context")) return false;
   shim_ = dlopen(o_.shim.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!shim_) return fail(std::string("cannot load the shim: ") + dlerror());
   malloc_ = reinterpret_cast<MallocFn>(dlsym(shim_, "spillway_malloc"));
@@ -183,6 +183,7 @@ void Engine::plan_anchor() {
     if (o_.strategy == Strategy::kLayerwise) {
       if (s.layer >= offload_layers) continue;
       const auto& ends = a_.layer_end[static_cast<size_t>(a_.step[s.last_fwd])];
+      if (ends.empty()) continue;  // a step whose forward launches nothing
       offload_after_[ends[static_cast<size_t>(s.layer)]].push_back(s.alloc);
     } else {
       offload_after_[s.last_fwd].push_back(s.alloc);
@@ -575,7 +576,7 @@ bool Engine::run() {
       if (auto it = prefetch_before_.find(i); it != prefetch_before_.end()) {
         const uint64_t s = 0;
         for (uint64_t id : it->second) {
-          if (live_.count(id) && !reload(id, s)) return false;
+          if (live_.count(id) && !reload(id, s)) return oom_ ? finish_oom() : false;
         }
       }
     }
@@ -600,7 +601,7 @@ bool Engine::run() {
         // the previous layer's at the next layer's commit.
         if (o_.strategy != Strategy::kSaveOnCpu && !release_pending()) return false;
         for (uint64_t id : it->second) {
-          if (live_.count(id) && !offload(id)) return false;
+          if (live_.count(id) && !offload(id)) return oom_ ? finish_oom() : false;
         }
       }
     }

@@ -106,7 +106,6 @@ class Engine {
 
   const Options& o_;
   const Analysis& a_;
-  PrimaryContext ctx_;
   void* shim_ = nullptr;  // never dlclose'd: its exit handlers run at exit
   MallocFn malloc_ = nullptr;
   FreeFn free_ = nullptr;
