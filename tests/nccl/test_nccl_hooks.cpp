@@ -20,7 +20,19 @@ using spillway::Allocator;
 using spillway::Runtime;
 using namespace simtest;
 
+#if defined(__SANITIZE_THREAD__)
+#define NCCL_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NCCL_TEST_TSAN 1
+#endif
+#endif
+
 namespace {
+
+// Not a datatype, but within the enum's range of values (0..15), so the
+// conversion is defined.
+constexpr ncclDataType_t kBadType = static_cast<ncclDataType_t>(15);
 
 #define ASSERT_NCCL(expr) ASSERT_EQ(ncclSuccess, (expr)) << #expr
 constexpr size_t MiB = 1ull << 20;
@@ -222,6 +234,10 @@ TEST_F(NcclHooks, BuffersStayOnTheDeviceWhileTheCollectiveRunsThenBecomeEvictabl
 // the running collective, and the stand-in reports it: the check above has
 // teeth.
 TEST_F(NcclHooks, WithoutTheHooksTheSameScenarioRemapsABufferUnderTheCollective) {
+#ifdef NCCL_TEST_TSAN
+  GTEST_SKIP()
+      << "remaps memory a running kernel reads, unsynchronized on purpose: a race by design";
+#endif
   AllReduceFn direct = unhooked_all_reduce();
   ASSERT_NE(nullptr, direct);
   void* bufs[2] = {block(0), block(1)};
@@ -354,8 +370,7 @@ TEST_F(NcclHooks, EveryInterposedCallRestoresTheBuffersItUses) {
 TEST_F(NcclHooks, AFailedCallReleasesAtOnce) {
   void* p = block(0);
   ASSERT_NO_FATAL_FAILURE(evict(p));
-  EXPECT_EQ(ncclInvalidArgument,
-            ncclAllReduce(p, p, kN, static_cast<ncclDataType_t>(99), ncclSum, comms_[0], nccl_[0]));
+  EXPECT_EQ(ncclInvalidArgument, ncclAllReduce(p, p, kN, kBadType, ncclSum, comms_[0], nccl_[0]));
   // Restored for the call, but not held: the next pressure may evict it.
   EXPECT_TRUE(becomes_evictable(p));
 }
