@@ -143,16 +143,19 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
             }()),
       chooser_(o.chooser ? o.chooser : std::make_shared<policy::LruChooser>()) {}
 
+void Allocator::stop_background() {
+  if (!bg_.joinable()) return;
+  {
+    std::lock_guard lk(mu_);
+    bg_stop_ = true;
+  }
+  bg_cv_.notify_one();
+  bg_.join();
+}
+
 Allocator::~Allocator() {
   InternalCalls internal;
-  if (bg_.joinable()) {
-    {
-      std::lock_guard lk(mu_);
-      bg_stop_ = true;
-    }
-    bg_cv_.notify_one();
-    bg_.join();
-  }
+  stop_background();
 }
 
 Allocator::Block* Allocator::owner_of(uintptr_t p) {
@@ -454,7 +457,14 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
     free_evicted(b);
     return;
   }
-  if (b->where == Block::Where::kEvicting) b->cancel = true;  // its device copy stays
+  if (b->where == Block::Where::kEvicting) {
+    // Its device copy stays; it is reusable only once the eviction copy
+    // (which reads it) is done, so that a new owner's writes do not race it.
+    b->cancel = true;
+    Event e = take_event();
+    if (CU_CALL(d_, cuEventRecord, e.get(), d2h_.get()) == CUDA_SUCCESS)
+      b->pending.push_back(std::move(e));
+  }
   // Streams other than the allocation stream that used the block may still
   // have work on it queued: it becomes reusable when events recorded on each
   // of them now have completed (PyTorch's record_stream, done for the user).
@@ -532,7 +542,10 @@ bool Allocator::make_room(size_t need) {
   dev_.trim(excess(need), need);
   if (excess(need) > 0) release_cached(excess(need));
   dev_.trim(excess(need), need);
-  if (excess(need) > 0 && o_.evict) evict_for(excess(need), Cause::kBudget);
+  if (excess(need) > 0 && o_.evict) {
+    over_budget_seen_ = true;
+    evict_for(excess(need), Cause::kBudget);
+  }
   dev_.trim(excess(need), need);
   s_.device_creates = dev_.creates();
   if (size_t short_by = excess(need)) {
@@ -921,7 +934,11 @@ void Allocator::background_loop() {
     if (!have_context) have_context = ensure_context();
     if (!have_context) continue;
     process_pending();
-    if (resident() <= high) continue;
+    if (resident() <= high || !over_budget_seen_) continue;
+    // Cheapest first, as make_room: pooled handles, cached free blocks, and
+    // only then live blocks.
+    dev_.trim(resident() - low);
+    if (resident() > high) release_cached(resident() - low);
     dev_.trim(resident() - low);
     if (resident() <= high) continue;
     std::vector<Block*> started = start_evictions(choose_victims(resident() - low), Cause::kBudget);

@@ -94,6 +94,9 @@ class Allocator final : public AccessSink {
   Residency residency(const void* ptr);
 
   Stats stats();
+  // Stops the background eviction thread (at exit: it must not outlive the
+  // logger and the driver). Idempotent.
+  void stop_background();
   // Logs the resident set (largest blocks, totals): what a user needs after an OOM.
   void log_resident_set(const char* why);
 
@@ -170,6 +173,10 @@ class Allocator final : public AccessSink {
   std::vector<Block*> pending_;  // freed, waiting for user-stream events
   std::vector<Block*> owners_;   // large block owning each granule of the arena
   uint64_t high_water_ = 0;      // background eviction starts above this
+  // An allocation once had to evict live blocks: the job does not fit the
+  // budget, so evicting ahead of need pays. Until then the background thread
+  // moves nothing (a job that fits moves no byte).
+  bool over_budget_seen_ = false;
   std::thread bg_;
   std::condition_variable bg_cv_;
   bool bg_stop_ = false;

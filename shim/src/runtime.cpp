@@ -276,6 +276,13 @@ Stats Runtime::stats() {
 }
 
 void Runtime::report_at_exit() {
+  {
+    // The allocators live on (PyTorch may free during shutdown), but their
+    // background threads must not outlive the logger and the driver.
+    std::lock_guard lk(mu_);
+    for (auto& a : allocators_)
+      if (a) a->stop_background();
+  }
   Stats s = stats();
   // The one line a user always gets (unless SPILLWAY_LOG_LEVEL=off), even at
   // a quieter level than info.

@@ -547,11 +547,39 @@ class BackgroundTest : public AllocatorTest {
     background_ = true;
     AllocatorTest::SetUp();
   }
+  // The background thread evicts ahead of need only once the job has shown
+  // it does not fit: one allocation over the budget, then freed.
+  static void over_budget_once(Allocator& a, uint64_t budget) {
+    std::vector<void*> v;
+    for (uint64_t held = 0; held <= budget; held += 2 * MiB)
+      v.push_back(a.malloc(2 * MiB, nullptr));
+    for (void* p : v) a.free(p, 2 * MiB, nullptr);
+  }
 };
+
+TEST_F(BackgroundTest, AJobThatFitsTheBudgetExactlyMovesNothing) {
+  const uint64_t budget = 32 * MiB;
+  auto a = make(budget);
+  std::vector<Live> live;
+  for (int i = 0; i < 16; ++i) {  // exactly the budget: above the 95% high-water mark
+    void* p = a->malloc(2 * MiB, nullptr);
+    ASSERT_NE(nullptr, p);
+    live.push_back({p, 2 * MiB, 7500u + static_cast<uint64_t>(i), nullptr});
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 20 background polls
+  auto st = a->stats();
+  EXPECT_EQ(0u, st.bytes_evicted);
+  EXPECT_EQ(0u, st.background_batches);
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  EXPECT_EQ(0u, ms.bytes_d2h) << "an eviction copy was started";
+  for (const Live& l : live) a->free(l.p, l.size, nullptr);
+}
 
 TEST_F(BackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
   const uint64_t budget = 32 * MiB;
   auto a = make(budget);
+  over_budget_once(*a, budget);
   std::vector<Live> live;
   for (int i = 0; i < 16; ++i) {  // 32 MiB: above the 95% high-water mark
     void* p = a->malloc(2 * MiB, nullptr);
@@ -588,6 +616,7 @@ TEST_F(BackgroundTest, UseDuringAnEvictionInFlightCancelsItAndKeepsTheWrite) {
     ASSERT_CU(cuStreamSynchronize(nullptr));
   };
   allocator_ = make(32 * MiB);
+  over_budget_once(*allocator_, 32 * MiB);
   for (int i = 0; i < 16; ++i) {
     void* p = allocator_->malloc(2 * MiB, nullptr);
     ASSERT_NE(nullptr, p);
