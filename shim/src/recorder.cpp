@@ -190,12 +190,15 @@ bool Recorder::collect_durations(const cupti::Api& api, std::string* why) {
 void Recorder::drain_loop() {
   std::unique_lock lk(wake_mu_);
   while (!stop_) {
-    // Buffers complete when full (the wake) or when flushed: flush now and
-    // then so that a slow job's durations do not wait for its end.
-    if (!wake_cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return wake_ || stop_; }))
-      activity_->flush();
+    const bool woken =
+        wake_cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return wake_ || stop_; });
     wake_ = false;
     lk.unlock();
+    // Buffers complete when full (the wake) or when flushed: flush now and
+    // then so that a slow job's durations do not wait for its end. Not under
+    // wake_mu_: the flush hands buffers back through the wake callback,
+    // which takes it.
+    if (!woken) activity_->flush();
     activity_->drain([&](const cupti::DeviceRecord& r) { on_device_record(this, r); });
     lk.lock();
   }
