@@ -358,6 +358,12 @@ int main(int argc, char** argv) {
 
   // Configure the sim and the shim before anything starts them.
   if (o.device_memory) setenv("SIMCUDA_DEVICE_MEMORY", std::to_string(o.device_memory).c_str(), 1);
+  if (o.no_data) {
+    setenv("SIMCUDA_DATA", "0", 1);  // nor do the evictions move bytes
+    // Host memory is simulated too, so the shim's default (half of this
+    // machine's RAM) does not apply: one GPU's share of a DGX H100's 2 TB.
+    setenv("SPILLWAY_HOST_BUDGET", "256GiB", 0);
+  }
   const bool spillway = o.strategy == Strategy::kSpillway && o.mode == "host";
   setenv("SPILLWAY_MODE", spillway ? "host" : "off", 1);
   if (spillway && budget) setenv("SPILLWAY_GPU_BUDGET", std::to_string(budget).c_str(), 1);

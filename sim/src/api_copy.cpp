@@ -48,6 +48,16 @@ mem::Where where_of(uintptr_t p, size_t n) {
   return w;
 }
 
+// SIMCUDA_DATA=0: a copy or memset moves nothing, but still reads its first
+// and last byte at each end, so a range unmapped under queued work faults as
+// it would with data (device_access catches it). Reads only: a memfd hole
+// costs one page, not the range.
+void probe_ends(uintptr_t p, size_t n) {
+  const volatile char* c = reinterpret_cast<const volatile char*>(p);
+  (void)c[0];
+  (void)c[n - 1];
+}
+
 // `handle` is the user's stream; `sync` marks the non-Async APIs.
 CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream handle,
               Expect expect, bool sync) {
@@ -99,9 +109,12 @@ CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream 
     op->kind = Op::Kind::kCopy;
     op->engine = engine;
     op->what = what;
-    op->effect = [dst, src, n] {
-      std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
-    };
+    if (state()->config.move_data)
+      op->effect = [dst, src, n] {
+        std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+      };
+    else
+      op->effect = [dst, src, n] { probe_ends(src, n), probe_ends(dst, n); };
     if (device_va(ws)) op->touched.push_back({src, src + n});
     if (device_va(wd)) op->touched.push_back({dst, dst + n});
     op->report_activity = true;
@@ -153,10 +166,13 @@ CUresult memset(const char* api, CUdeviceptr dst, T value, size_t count, CUstrea
     auto op = std::make_shared<Op>();
     op->kind = Op::Kind::kMemset;
     op->what = what;
-    op->effect = [dst, value, count] {
-      T* p = reinterpret_cast<T*>(dst);
-      for (size_t i = 0; i < count; ++i) p[i] = value;
-    };
+    if (state()->config.move_data)
+      op->effect = [dst, value, count] {
+        T* p = reinterpret_cast<T*>(dst);
+        for (size_t i = 0; i < count; ++i) p[i] = value;
+      };
+    else
+      op->effect = [dst, bytes] { probe_ends(dst, bytes); };
     op->touched.push_back({dst, dst + bytes});
     op->report_activity = true;
     op->activity.kind = simbridge::Activity::Kind::kMemset;

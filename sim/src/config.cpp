@@ -128,6 +128,7 @@ std::optional<Config> load_config(std::string* error) {
   r.uint("SIMCUDA_JITTER_MAX_US", &c.jitter_max_us, 1, 1000000);
   r.flag("SIMCUDA_HOST_NUMA_VMM", &c.host_numa_vmm);
   r.flag("SIMCUDA_CONCURRENT_MANAGED", &c.concurrent_managed);
+  r.flag("SIMCUDA_DATA", &c.move_data);
   r.flag("SIMCUDA_LOG", &c.log);
   if (const char* v = r.get("SIMCUDA_FAIL")) c.fail_spec = v;
   // A misspelt variable would silently leave a default in place: refuse it.
@@ -138,7 +139,8 @@ std::optional<Config> load_config(std::string* error) {
                                            "SIMCUDA_API_NS",        "SIMCUDA_LAUNCH_NS",
                                            "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
                                            "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED",
-                                           "SIMCUDA_LOG",           "SIMCUDA_FAIL"};
+                                           "SIMCUDA_LOG",           "SIMCUDA_FAIL",
+                                           "SIMCUDA_DATA"};
   for (char** e = environ; r.ok && e && *e; ++e) {
     if (std::strncmp(*e, "SIMCUDA_", 8) != 0) continue;
     std::string name(*e, std::strcspn(*e, "="));

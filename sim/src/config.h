@@ -24,6 +24,10 @@ struct Config {
   uint64_t jitter_max_us = 200;
   bool host_numa_vmm = true;  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool concurrent_managed = true;
+  // SIMCUDA_DATA=0: copies and memsets are checked, timed and reported as
+  // usual but move no byte, so replaying a large trace in accounting mode
+  // needs no host RAM for what it evicts (the memfd pages stay holes).
+  bool move_data = true;
   std::string fail_spec;  // SIMCUDA_FAIL
   bool log = false;       // SIMCUDA_LOG=1: the sim explains every refused call on stderr
 };

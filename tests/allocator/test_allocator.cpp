@@ -587,13 +587,17 @@ TEST_F(BackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
     live.push_back({p, 2 * MiB, 7000u + static_cast<uint64_t>(i), nullptr});
     fill(p, 2 * MiB, live.back().seed, nullptr);
   }
-  // Bounded wait for the background thread (it polls every 5 ms).
-  for (int i = 0; i < 2000 && a->stats().background_batches == 0; ++i)
+  // Bounded wait for the background thread (it polls every 5 ms). Wait for
+  // the outcome, not for a batch count: a batch started while
+  // over_budget_once's blocks were live can finish after the loop above and
+  // before the batch that brings these 16 blocks down.
+  const uint64_t high = budget - budget / 20;
+  for (int i = 0; i < 10000 && a->stats().resident_bytes > high; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   auto st = a->stats();
   EXPECT_GE(st.background_batches, 1u);
   EXPECT_GE(st.blocks_evicted, 1u);
-  EXPECT_LE(st.resident_bytes, budget - budget / 20);
+  EXPECT_LE(st.resident_bytes, high);
   for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
   EXPECT_EQ(0u, mismatches());
   for (const Live& l : live) ASSERT_CU(a->restore(l.p, nullptr));
@@ -604,34 +608,47 @@ TEST_F(BackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
 TEST_F(BackgroundTest, UseDuringAnEvictionInFlightCancelsItAndKeepsTheWrite) {
   // The access arrives in the worst place: after the eviction copy finished,
   // before the mappings are swapped. The write must survive.
-  std::vector<Live> live;
-  bool hooked = false;
+  constexpr uint64_t kSize = 2 * MiB, kSeed = 8000;
+  // The hook runs on the background thread, possibly in a batch that started
+  // while over_budget_once's blocks were live: it acts only once the first
+  // block of this test is the one being evicted, and shares nothing else.
+  std::atomic<void*> first{nullptr};
+  std::atomic<bool> hooked{false};
+  // Batches run one at a time, so what was cancelled before this batch is
+  // settled when the hook runs (a free during an earlier copy counts too).
+  std::atomic<uint64_t> cancelled_before{0};
   hook_ = [&] {
-    if (hooked || live.empty()) return;
-    hooked = true;
-    const Live& v = live[0];  // the oldest block: the first victim
-    ASSERT_EQ(Allocator::Residency::kEvicting, allocator_->residency(v.p));
-    ASSERT_CU(allocator_->restore(v.p, nullptr));  // what the tracker does before a launch
-    fill(v.p, v.size, v.seed + 1, nullptr);
+    void* v = first.load();
+    if (hooked.load() || v == nullptr) return;
+    if (allocator_->residency(v) != Allocator::Residency::kEvicting) return;
+    cancelled_before.store(allocator_->stats().evictions_cancelled);
+    hooked.store(true);
+    ASSERT_CU(allocator_->restore(v, nullptr));  // what the tracker does before a launch
+    fill(v, kSize, kSeed + 1, nullptr);
     ASSERT_CU(cuStreamSynchronize(nullptr));
   };
   allocator_ = make(32 * MiB);
   over_budget_once(*allocator_, 32 * MiB);
+  std::vector<Live> live;
   for (int i = 0; i < 16; ++i) {
-    void* p = allocator_->malloc(2 * MiB, nullptr);
+    void* p = allocator_->malloc(kSize, nullptr);
     ASSERT_NE(nullptr, p);
-    live.push_back({p, 2 * MiB, 8000u + static_cast<uint64_t>(i), nullptr});
-    fill(p, 2 * MiB, live.back().seed, nullptr);
+    live.push_back({p, kSize, kSeed + static_cast<uint64_t>(i), nullptr});
+    fill(p, kSize, live.back().seed, nullptr);
+    if (i == 0) first.store(p);  // the oldest block: the first victim
   }
-  for (int i = 0; i < 3000 && allocator_->stats().background_batches == 0; ++i)
+  auto cancelled_here = [&] {
+    return hooked.load() && allocator_->stats().evictions_cancelled > cancelled_before.load();
+  };
+  for (int i = 0; i < 10000 && !cancelled_here(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(hooked);
-  EXPECT_EQ(1u, allocator_->stats().evictions_cancelled);
+  ASSERT_TRUE(hooked.load());
+  EXPECT_EQ(cancelled_before.load() + 1, allocator_->stats().evictions_cancelled);
   EXPECT_EQ(Allocator::Residency::kDevice, allocator_->residency(live[0].p));
   check(live[0].p, live[0].size, live[0].seed + 1, nullptr);
   for (size_t i = 1; i < live.size(); ++i) check(live[i].p, live[i].size, live[i].seed, nullptr);
   EXPECT_EQ(0u, mismatches());
-  allocator_.reset();  // joins the background thread before `live` goes
+  allocator_.reset();  // joins the background thread before the hook's captures go
 }
 
 class NoHostVmmAllocatorTest : public AllocatorTest {
