@@ -1,28 +1,26 @@
 // spillway-replay end to end: synthetic transformer-like traces (written here
 // with trace::Writer) replayed through the real libspillway.so on the
 // simulated GPU, in child processes. Every time figure is simulated.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "replay_run.h"
 #include "trace/trace.h"
-
-extern char** environ;
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace spillway::trace;
+using replay_test::Result;
+using replay_test::run_replay;
+using replay_test::slurp;
 constexpr uint64_t MiB = 1ull << 20;
 
 // A transformer-shaped training trace: per layer a weight, its gradient and an
@@ -125,33 +123,6 @@ void write_transformer(const std::string& path, const Shape& s) {
   ASSERT_TRUE(w.close()) << w.error();
 }
 
-struct Result {
-  int exit_code = -1;
-  std::string json, out, err;
-  double num(const std::string& key) const {
-    const std::string k = "\"" + key + "\": ";
-    size_t p = json.find(k);
-    EXPECT_NE(p, std::string::npos) << key << " missing in " << json;
-    if (p == std::string::npos) return -1;
-    return std::strtod(json.c_str() + p + k.size(), nullptr);
-  }
-  std::string raw(const std::string& key) const {
-    const std::string k = "\"" + key + "\": ";
-    size_t p = json.find(k);
-    if (p == std::string::npos) return "";
-    size_t e = json.find_first_of(",\n", p + k.size());
-    return json.substr(p + k.size(), e - p - k.size());
-  }
-  bool flag(const std::string& key) const { return raw(key) == "true"; }
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class ReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -165,29 +136,7 @@ class ReplayTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   Result replay(std::vector<std::string> args, const std::string& trace = "") {
-    const std::string json = (dir_ / "out.json").string();
-    fs::remove(json);
-    std::vector<std::string> argv{REPLAY_BIN, trace.empty() ? trace_ : trace, "--json", json};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid = 0;
-    Result r;
-    EXPECT_EQ(0, posix_spawn(&pid, REPLAY_BIN, &fa, nullptr, cargv.data(), environ));
-    posix_spawn_file_actions_destroy(&fa);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.json = slurp(json);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return run_replay(trace.empty() ? trace_ : trace, args, dir_);
   }
 
   fs::path dir_;
