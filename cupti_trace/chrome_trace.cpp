@@ -135,6 +135,7 @@ struct ChromeTrace::HostEvent {
   uint64_t ptr = 0, bytes = 0;
   uint64_t a = 0, b = 0, c = 0;  // see push sites
   uint64_t at = 0;               // trace clock when it was observed
+  const char* site = nullptr;    // kTransfer: the block's allocation site (SPILLWAY_STACKS)
 };
 
 // The writer's bounded tables joining spillway's copies to their activity
@@ -310,6 +311,7 @@ void ChromeTrace::on_transfer(const Transfer& t) {
   e.a = reinterpret_cast<uint64_t>(t.stream);
   e.b = t.queued_ns;
   e.c = t.done_ns;
+  e.site = t.site;
   e.at = now();
   push(e);
 }
@@ -464,12 +466,14 @@ void ChromeTrace::emit_transfer(const HostEvent& t, const cupti::DeviceRecord* r
   char for_corr[64] = "";
   if (t.for_correlation)
     std::snprintf(for_corr, sizeof for_corr, ",\"for_correlation\":%u", t.for_correlation);
+  std::string site;  // cut at kMaxName, as kernel names: the line stays within its buffer
+  if (t.site) site = ",\"site\":\"" + json_escape(t.site) + "\"";
   const std::string s = ts(start), d = ts(base_ + (end - start));
   line("{\"name\":\"%s (%s)\",\"cat\":\"spillway\",\"ph\":\"X\",\"pid\":%u,\"tid\":%" PRIu64
        ",\"ts\":%s,\"dur\":%s,\"args\":{\"block\":\"%s\",\"bytes\":%" PRIu64
-       ",\"cause\":\"%s\",\"clock\":\"%s\"%s%s}}",
+       ",\"cause\":\"%s\",\"clock\":\"%s\"%s%s%s}}",
        t.to_host ? "evict" : "restore", cause_name(t.cause), pid, tid, s.c_str(), d.c_str(), block,
-       t.bytes, cause_name(t.cause), r ? "device" : "host", corr, for_corr);
+       t.bytes, cause_name(t.cause), r ? "device" : "host", corr, for_corr, site.c_str());
   std::lock_guard lk(counters_mu_);
   (t.to_host ? c_.evictions : c_.restores) += 1;
   (t.to_host ? c_.bytes_evicted : c_.bytes_restored) += t.bytes;

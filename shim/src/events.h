@@ -29,6 +29,9 @@ struct Transfer {
   CUstream stream = nullptr;  // the copy stream it ran on
   uint64_t queued_ns = 0;     // host clock (CLOCK_MONOTONIC) when the copy was queued
   uint64_t done_ns = 0;       // host clock when spillway saw it complete
+  // SPILLWAY_STACKS=1: where the block was allocated (set by Sites on its way
+  // to the next observer; the name lives as long as the process).
+  const char* site = nullptr;
 };
 
 class Observer {

@@ -95,14 +95,18 @@ void Sites::on_free(const void* p) {
 }
 
 void Sites::on_transfer(const Transfer& t) {
-  if (t.to_host) {
+  Transfer named = t;
+  {
     std::lock_guard lk(mu_);
     if (auto it = live_.find(t.ptr); it != live_.end()) {
-      ++it->second->evictions;
-      it->second->bytes_evicted += t.bytes;
+      named.site = it->second->name.c_str();  // Sites are never erased: the name stays valid
+      if (t.to_host) {
+        ++it->second->evictions;
+        it->second->bytes_evicted += t.bytes;
+      }
     }
   }
-  if (next_) next_->on_transfer(t);
+  if (next_) next_->on_transfer(named);
 }
 
 void Sites::on_memory(int device, uint64_t resident, uint64_t host, uint64_t budget) {

@@ -1,6 +1,6 @@
 // SPILLWAY_STACKS=1: the native call site of each large allocation, so that
-// the exit summary and the record (SPILLWAY_RECORD) can say which code's
-// blocks were evicted most.
+// the exit summary, the record (SPILLWAY_RECORD) and the trace (SPILLWAY_TRACE)
+// can say which code's blocks were evicted most.
 //
 // The stack is taken with libunwind's unw_backtrace, from libunwind.so.8
 // opened with RTLD_LOCAL at start: linked normally, libunwind would also

@@ -49,6 +49,7 @@ def main():
         "transfers_device_clock": 0,
         "transfers_with_cause": 0,
         "restores_for_a_call": 0,
+        "transfers_with_site": 0,
         "memory_samples": 0,
         "max_resident_minus_budget": -(1 << 62),
         "ooms_avoided": 0,
@@ -78,6 +79,7 @@ def main():
             out["transfers_device_clock"] += args.get("clock") == "device"
             out["transfers_with_cause"] += args.get("cause") in causes and "block" in args
             out["restores_for_a_call"] += key == "restores" and "for_correlation" in args
+            out["transfers_with_site"] += bool(args.get("site"))
         elif ph == "C" and name == "spillway memory":
             out["memory_samples"] += 1
             out["max_resident_minus_budget"] = max(

@@ -216,6 +216,7 @@ TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
   EXPECT_EQ(1, s.at("has_start"));
   EXPECT_EQ(1, s.at("has_end"));
   expect_job(s, stats);
+  EXPECT_EQ(0, s.at("transfers_with_site")) << "sites without SPILLWAY_STACKS";
   // The stats file at exit says the same.
   const std::string at_exit = read_file(dir_ + "/stats.json");
   EXPECT_EQ(json_number(at_exit, "bytes_evicted"), s.at("bytes_evicted"));
@@ -226,6 +227,23 @@ TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
   const std::string log = read_file(dir_ + "/spillway.log");
   EXPECT_NE(std::string::npos, log.find("trace " + trace_ + ": 24 kernels")) << log;
   EXPECT_NE(std::string::npos, log.find("times are simulated")) << log;
+}
+
+// SPILLWAY_STACKS=1: every eviction and restore names its block's allocation
+// site, so a trace viewer can sum the bytes moved by site.
+TEST_F(ChromeTraceRun, WithStacksEveryTransferNamesItsAllocationSite) {
+  auto e = env();
+  e.push_back("SPILLWAY_STACKS=1");
+  Child c(probe("run"), e);
+  const std::string stats = stats_line(c);
+  const int st = c.wait();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  const Summary s = check(trace_, false);
+  ASSERT_EQ(0u, s.count("error"));
+  expect_job(s, stats);
+  EXPECT_EQ(s.at("evictions") + s.at("restores"), s.at("transfers_with_site"));
+  // The probe allocates from its own code: that is the site named.
+  EXPECT_NE(std::string::npos, read_file(trace_).find("\"site\":\"trace_probe"));
 }
 
 TEST_F(ChromeTraceRun, WithoutCuptiTransfersAreOnTheHostClock) {
