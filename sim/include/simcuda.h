@@ -88,7 +88,8 @@ uint64_t simcuda_call_count(const char* name);
 
 typedef struct simcuda_memory_stats {
   uint64_t device_capacity;
-  uint64_t device_used; /* device physical memory: cuMemCreate + cuMemAlloc + external */
+  uint64_t device_used; /* device physical memory: cuMemCreate + cuMemAlloc + device-resident
+                          managed memory + external */
   uint64_t device_peak;
   uint64_t host_capacity;
   uint64_t host_used; /* host-located cuMemCreate + pinned host allocations */
@@ -96,8 +97,17 @@ typedef struct simcuda_memory_stats {
   uint64_t bytes_h2d; /* bytes moved by the copy engines, each way */
   uint64_t bytes_d2h;
   uint64_t remote_access_bytes; /* bytes of host-backed mappings touched by kernels */
+  /* managed bytes kernels migrated to the device on first access (page
+   * faults); also counted in bytes_h2d. Prefetches are not counted here. */
+  uint64_t managed_fault_bytes;
 } simcuda_memory_stats;
 void simcuda_get_memory_stats(int device, simcuda_memory_stats* out);
+
+/* Managed memory (cuMemAllocManaged): the bytes of [ptr, ptr + size) that are
+ * resident on a device (any device) now. Residency is tracked per granule
+ * (SIMCUDA_GRANULARITY) and changes when a prefetch or a kernel that migrates
+ * is enqueued. 0 for memory that is not managed. */
+uint64_t simcuda_managed_device_bytes(CUdeviceptr ptr, size_t size);
 
 /* Device memory taken by "another process": counts against capacity. */
 CUresult simcuda_set_external_usage(int device, uint64_t bytes);

@@ -42,7 +42,13 @@ uint8_t memory_kind(mem::Where w) {
 }
 
 mem::Where where_of(uintptr_t p, size_t n) {
-  mem::Where w = mem::locate(p).where;
+  const mem::Located at = mem::locate(p);
+  // Managed memory: the copy goes where the data is. A range with any granule
+  // on a device is device memory for the engine (the costlier choice for a
+  // range split between device and host); copies do not migrate it.
+  if (at.managed)
+    return mem::managed_on_device(p, n) ? mem::Where::kDevice : mem::Where::kHostMapped;
+  mem::Where w = at.where;
   // Partly pinned host memory is pageable for the copy engine.
   if (w == mem::Where::kPinned && !mem::is_pinned_host(p, n)) return mem::Where::kPageable;
   return w;
@@ -90,8 +96,9 @@ CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream 
   // The engine and direction follow where the memory is when the op is
   // enqueued (a captured copy replayed after an eviction crosses the link).
   const std::string what = std::string(api) + " of " + std::to_string(n) + " bytes";
-  graph::Emit emit = [dst, src, n, what](const std::shared_ptr<Stream>& st,
-                                         CUstream) -> std::shared_ptr<Op> {
+  const bool managed_src = mem::locate(src).managed, managed_dst = mem::locate(dst).managed;
+  graph::Emit emit = [dst, src, n, what, managed_src, managed_dst](
+                         const std::shared_ptr<Stream>& st, CUstream) -> std::shared_ptr<Op> {
     const mem::Where ws = where_of(src, n), wd = where_of(dst, n);
     const bool from_dev = device_side(ws), to_dev = device_side(wd);
     Engine engine = Engine::kCopyH2D;
@@ -122,8 +129,10 @@ CUresult copy(const char* api, uintptr_t dst, uintptr_t src, size_t n, CUstream 
     op->activity.correlation_id = api::current_correlation();
     op->activity.bytes = n;
     op->activity.copy_kind = kind;
-    op->activity.src_kind = memory_kind(ws);
-    op->activity.dst_kind = memory_kind(wd);
+    op->activity.src_kind =
+        managed_src ? uint8_t{CUPTI_ACTIVITY_MEMORY_KIND_MANAGED} : memory_kind(ws);
+    op->activity.dst_kind =
+        managed_dst ? uint8_t{CUPTI_ACTIVITY_MEMORY_KIND_MANAGED} : memory_kind(wd);
     const Config& cfg = state()->config;
     stream::enqueue(st, op, [&](Device& dev, uint64_t earliest) {
       return clock::schedule_copy(dev, engine, earliest, n, cfg);
@@ -162,7 +171,7 @@ CUresult memset(const char* api, CUdeviceptr dst, T value, size_t count, CUstrea
   const std::string what = std::string(api) + " of " + std::to_string(bytes) + " bytes";
   graph::Emit emit = [dst, value, count, bytes, what](const std::shared_ptr<Stream>& st,
                                                       CUstream) -> std::shared_ptr<Op> {
-    const mem::Where w = mem::locate(dst).where;
+    const mem::Where w = where_of(dst, bytes);
     auto op = std::make_shared<Op>();
     op->kind = Op::Kind::kMemset;
     op->what = what;

@@ -136,6 +136,7 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
     // by this kernel (so it cannot be unmapped under it). Host-located mappings
     // are read over the link: charge their bytes at link speed (slow, correct).
     uint64_t remote = 0;
+    std::vector<uintptr_t> managed;  // bases of the managed allocations it touches
     for (size_t off = 0; off + 8 <= run_buf->size(); off += 8) {
       uint64_t word;
       std::memcpy(&word, run_buf->data() + off, 8);
@@ -145,13 +146,26 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
       for (const Range& r : op->touched) seen = seen || (r.lo == at.mapping.lo);
       if (seen) continue;
       op->touched.push_back(at.mapping);
-      if (at.where == mem::Where::kHostMapped) remote += at.mapping.hi - at.mapping.lo;
+      if (at.managed)
+        managed.push_back(at.mapping.lo);
+      else if (at.where == mem::Where::kHostMapped)
+        remote += at.mapping.hi - at.mapping.lo;
     }
+    // Managed memory: the whole allocation a parameter points into counts as
+    // touched (the sim cannot see which pages the kernel uses: costlier than
+    // hardware). Host-resident granules migrate before the kernel runs (page
+    // faults), slower than a prefetch; what cannot be placed is read remotely.
+    const int device = st->ctx->device;
+    mem::Migration mig;
+    if (!managed.empty()) mig = mem::managed_kernel_touch(device, managed);
+    remote += mig.remote;
     const Config& cfg = state()->config;
     uint64_t duration = f->duration_fn ? reinterpret_cast<simcuda_duration_fn>(f->duration_fn)(
                                              run_buf->data(), run_buf->size(), f->user)
                                        : f->duration_ns;
     duration += static_cast<uint64_t>(static_cast<double>(remote) / cfg.h2d_bytes_per_ns);
+    duration += static_cast<uint64_t>(static_cast<double>(mig.to_device + mig.to_host) /
+                                      cfg.fault_bytes_per_ns);
 
     simcuda_launch_info info{};
     info.stream = user;
@@ -170,8 +184,11 @@ CUresult launch(const char* api, CUfunction handle, const Dims& dims, CUstream h
     stream::enqueue(st, op, [&](Device& dev, uint64_t earliest) {
       return clock::schedule_fixed(dev, Engine::kCompute, earliest, duration);
     });
-    if (remote)
-      state()->devices[static_cast<size_t>(st->ctx->device)]->remote_access_bytes += remote;
+    Device& dev = *state()->devices[static_cast<size_t>(device)];
+    if (remote) dev.remote_access_bytes += remote;
+    dev.bytes_h2d += mig.to_device;
+    dev.managed_fault_bytes += mig.to_device;
+    dev.bytes_d2h += mig.to_host;
     return op;
   };
   bool captured = false;

@@ -126,7 +126,13 @@ void simcuda_get_memory_stats(int device, simcuda_memory_stats* out) {
     out->bytes_h2d = d.bytes_h2d.load();
     out->bytes_d2h = d.bytes_d2h.load();
     out->remote_access_bytes = d.remote_access_bytes.load();
+    out->managed_fault_bytes = d.managed_fault_bytes.load();
   }
+}
+
+uint64_t simcuda_managed_device_bytes(CUdeviceptr ptr, size_t size) {
+  if (!state()) return 0;
+  return mem::managed_device_bytes(static_cast<uintptr_t>(ptr), size);
 }
 
 CUresult simcuda_set_external_usage(int device, uint64_t bytes) {

@@ -122,6 +122,7 @@ std::optional<Config> load_config(std::string* error) {
   r.gbps("SIMCUDA_D2H_GBPS", &c.d2h_bytes_per_ns);
   r.gbps("SIMCUDA_BIDIR_GBPS", &c.bidir_bytes_per_ns);
   r.gbps("SIMCUDA_HBM_GBPS", &c.hbm_bytes_per_ns);
+  r.gbps("SIMCUDA_FAULT_GBPS", &c.fault_bytes_per_ns);
   r.uint("SIMCUDA_API_NS", &c.api_ns, 0, 1000000000);
   r.uint("SIMCUDA_LAUNCH_NS", &c.launch_ns, 0, 1000000000);
   r.uint("SIMCUDA_JITTER", &c.jitter_seed, 0, UINT64_MAX);
@@ -140,7 +141,7 @@ std::optional<Config> load_config(std::string* error) {
                                            "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
                                            "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED",
                                            "SIMCUDA_LOG",           "SIMCUDA_FAIL",
-                                           "SIMCUDA_DATA"};
+                                           "SIMCUDA_DATA",          "SIMCUDA_FAULT_GBPS"};
   for (char** e = environ; r.ok && e && *e; ++e) {
     if (std::strncmp(*e, "SIMCUDA_", 8) != 0) continue;
     std::string name(*e, std::strcspn(*e, "="));

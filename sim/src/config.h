@@ -22,6 +22,9 @@ struct Config {
   uint64_t launch_ns = 4000;         // host cost of a kernel launch
   uint64_t jitter_seed = 0;          // 0: no jitter
   uint64_t jitter_max_us = 200;
+  // Managed memory a kernel migrates on first access moves in small batches,
+  // each after a fault round trip: well below a prefetch's rate (assumption).
+  double fault_bytes_per_ns = 20.0;  // SIMCUDA_FAULT_GBPS
   bool host_numa_vmm = true;  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool concurrent_managed = true;
   // SIMCUDA_DATA=0: copies and memsets are checked, timed and reported as

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,6 +55,28 @@ struct HostRange {
   bool allocated;  // cuMemHostAlloc (we own it) vs cuMemHostRegister
 };
 
+// Residency of one granule of a managed allocation.
+constexpr int kUnpopulated = -2;
+constexpr int kOnHost = -1;
+
+struct Granule {
+  int where = kUnpopulated;  // device ordinal, kOnHost or kUnpopulated
+  uint64_t stamp = 0;        // LRU key while device-resident
+  bool read_mostly = false;
+  CUmemLocation preferred{CU_MEM_LOCATION_TYPE_INVALID, 0};
+  CUmemLocation last_prefetch{CU_MEM_LOCATION_TYPE_INVALID, 0};
+  uint32_t accessed_by = 0;  // bit d: device d; kAccessedByHost: the host
+};
+constexpr uint32_t kAccessedByHost = 1u << 31;
+
+struct Managed {
+  uintptr_t base = 0;
+  size_t size = 0;  // page-rounded
+  uint64_t offset = 0;
+  int device = 0;  // the device whose context allocated it
+  std::vector<Granule> g;
+};
+
 struct DeviceUsage {
   uint64_t used = 0, peak = 0, external = 0;
 };
@@ -69,6 +92,10 @@ struct Memory {
   std::map<uintptr_t, HostRange> host_ranges;  // by base
   std::vector<DeviceUsage> dev;
   uint64_t host_used = 0, host_peak = 0;
+  std::map<uintptr_t, Managed> managed;  // by base; nodes are stable
+  // Per device: device-resident managed granules by last use (oldest first).
+  std::vector<std::map<uint64_t, std::pair<Managed*, size_t>>> lru;
+  uint64_t next_stamp = 0;
 };
 
 Memory& M() {
@@ -98,6 +125,13 @@ Mapping* find_mapping(Reservation& r, uintptr_t p) {
 const HostRange* find_host(Memory& m, uintptr_t p) {
   auto it = m.host_ranges.upper_bound(p);
   if (it == m.host_ranges.begin()) return nullptr;
+  --it;
+  return p < it->second.base + it->second.size ? &it->second : nullptr;
+}
+
+Managed* find_managed(Memory& m, uintptr_t p) {
+  auto it = m.managed.upper_bound(p);
+  if (it == m.managed.begin()) return nullptr;
   --it;
   return p < it->second.base + it->second.size ? &it->second : nullptr;
 }
@@ -209,6 +243,98 @@ CUresult whole_mappings(Memory& m, uintptr_t lo, size_t size, const char* api,
   return CUDA_SUCCESS;
 }
 
+// ---- managed memory ----
+
+size_t granule_bytes(const Memory& m, const Managed& a, size_t i) {
+  return std::min<size_t>(m.cfg.granularity, a.size - i * m.cfg.granularity);
+}
+
+// A granule no prefetch, kernel or copy populated may still have been written
+// (or read) by the host: the CPU's first touch places a page in host memory.
+// The host's accesses are invisible to the sim, except that they make the
+// memfd pages exist; mincore tells. Reads no byte, so SIMCUDA_DATA=0 holds.
+int resolve(Memory& m, Managed& a, size_t i) {
+  Granule& gr = a.g[i];
+  if (gr.where != kUnpopulated) return gr.where;
+  const size_t bytes = granule_bytes(m, a, i);
+  std::vector<unsigned char> vec((bytes + kPage - 1) / kPage);
+  void* at = reinterpret_cast<void*>(a.base + i * m.cfg.granularity);
+  if (mincore(at, bytes, vec.data()) == 0)
+    for (unsigned char v : vec)
+      if (v & 1) {
+        gr.where = kOnHost;
+        break;
+      }
+  return gr.where;
+}
+
+void stamp(Memory& m, Managed& a, size_t i) {
+  Granule& gr = a.g[i];
+  auto& lru = m.lru[static_cast<size_t>(gr.where)];
+  if (gr.stamp) lru.erase(gr.stamp);
+  gr.stamp = ++m.next_stamp;
+  lru[gr.stamp] = {&a, i};
+}
+
+void leave_device(Memory& m, Managed& a, size_t i) {
+  Granule& gr = a.g[i];
+  m.dev[static_cast<size_t>(gr.where)].used -= granule_bytes(m, a, i);
+  m.lru[static_cast<size_t>(gr.where)].erase(gr.stamp);
+  gr.stamp = 0;
+  gr.where = kOnHost;
+}
+
+// Makes granule i of `a` resident on `device`, evicting the least recently
+// used managed granules that `pinned` does not hold (cuda.h,
+// cuMemPrefetchAsync: "the Unified Memory driver may evict pages from other
+// cuMemAllocManaged allocations to host memory in order to make room").
+// False if the room cannot be made: the granule stays where it is.
+template <class Pinned>
+bool place_on_device(Memory& m, Managed& a, size_t i, int device, Pinned&& pinned, Migration* mig) {
+  const uint64_t bytes = granule_bytes(m, a, i);
+  DeviceUsage& u = m.dev[static_cast<size_t>(device)];
+  auto& lru = m.lru[static_cast<size_t>(device)];
+  // cuda.h (cuMemAllocManaged): "Device memory oversubscription is possible
+  // for GPUs that have a non-zero value for ... CONCURRENT_MANAGED_ACCESS".
+  const bool may_evict = m.cfg.concurrent_managed;
+  auto it = lru.begin();
+  while (u.used + u.external + bytes > m.cfg.device_memory) {
+    while (it != lru.end() && pinned(it->second.first, it->second.second)) ++it;
+    if (!may_evict || it == lru.end()) return false;
+    auto [victim, vi] = it->second;
+    ++it;  // leave_device erases the entry
+    const uint64_t vb = granule_bytes(m, *victim, vi);
+    leave_device(m, *victim, vi);
+    mig->evicted += vb;
+    mig->to_host += vb;
+  }
+  u.used += bytes;
+  u.peak = std::max(u.peak, u.used + u.external);
+  a.g[i].where = device;
+  stamp(m, a, i);
+  return true;
+}
+
+bool host_location(const CUmemLocation& l) {
+  return l.type == CU_MEM_LOCATION_TYPE_HOST || l.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+         l.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+CUresult managed_free(Memory& m, uintptr_t base) {
+  auto it = m.managed.find(base);
+  if (it == m.managed.end())
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemFree: %#lx freed concurrently",
+                  static_cast<unsigned long>(base));
+  Managed& a = it->second;
+  for (size_t i = 0; i < a.g.size(); ++i)
+    if (a.g[i].where >= 0) leave_device(m, a, i);
+  munmap(reinterpret_cast<void*>(a.base), a.size);
+  fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(a.offset),
+            static_cast<off_t>(a.size));
+  m.managed.erase(it);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 void init(const Config& cfg) {
@@ -216,6 +342,7 @@ void init(const Config& cfg) {
   std::lock_guard lk(m.mu);
   m.cfg = cfg;
   m.dev.assign(static_cast<size_t>(cfg.device_count), DeviceUsage{});
+  m.lru.assign(static_cast<size_t>(cfg.device_count), {});
   if (m.fd < 0) {
     m.fd = memfd_create("simcuda-physical", MFD_CLOEXEC);
     if (m.fd >= 0 && ftruncate(m.fd, static_cast<off_t>(kBackingSize)) != 0) {
@@ -509,17 +636,25 @@ CUresult mem_alloc(int device, CUdeviceptr* dptr, size_t size) {
 CUresult mem_free(CUdeviceptr dptr) {
   Memory& m = M();
   size_t size = 0;
+  bool managed = false;
   {
     std::lock_guard lk(m.mu);
-    auto it = m.reservations.find(dptr);
-    if (it == m.reservations.end() || !it->second.classic)
-      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemFree: %#llx is not a cuMemAlloc pointer", dptr);
-    size = it->second.size;
+    if (auto mi = m.managed.find(dptr); mi != m.managed.end()) {
+      managed = true;
+      size = mi->second.size;
+    } else {
+      auto it = m.reservations.find(dptr);
+      if (it == m.reservations.end() || !it->second.classic)
+        return refuse(CUDA_ERROR_INVALID_VALUE,
+                      "cuMemFree: %#llx is not a cuMemAlloc or cuMemAllocManaged pointer", dptr);
+      size = it->second.size;
+    }
   }
   // cuMemFree synchronizes with the device (CUDA programming guide, "implicit
   // synchronization"): wait for work that may use the range, then free.
   stream::wait_for_range(dptr, dptr + size);
   std::lock_guard lk(m.mu);
+  if (managed) return managed_free(m, dptr);
   auto it = m.reservations.find(dptr);
   if (it == m.reservations.end() || !it->second.classic)
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemFree: %#llx freed concurrently", dptr);
@@ -573,8 +708,8 @@ CUresult host_register(void* p, size_t size, unsigned flags) {
                               CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
   if (flags & ~kKnown) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister: bad flags");
   std::lock_guard lk(m.mu);
-  if (find_reservation(m, base))
-    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister: %p is device memory", p);
+  if (find_reservation(m, base) || find_managed(m, base))
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister: %p is device or managed memory", p);
   if (overlaps_host(m, base, base + size))
     return refuse(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
                   "cuMemHostRegister: [%p, +%zu) overlaps pinned memory", p, size);
@@ -620,6 +755,14 @@ CUresult set_external_usage(int device, uint64_t bytes) {
 Located locate(uintptr_t p) {
   Memory& m = M();
   std::lock_guard lk(m.mu);
+  if (Managed* a = find_managed(m, p)) {
+    const Granule& gr = a->g[(p - a->base) / m.cfg.granularity];
+    const bool dev = gr.where >= 0;
+    return {dev ? Where::kDevice : Where::kHostMapped,
+            dev ? gr.where : a->device,
+            {a->base, a->base + a->size},
+            true};
+  }
   if (Reservation* r = find_reservation(m, p)) {
     Mapping* mp = find_mapping(*r, p);
     if (!mp) return {Where::kUnmapped, r->device, {p, p + 1}};
@@ -642,6 +785,299 @@ bool is_pinned_host(uintptr_t p, size_t n) {
   std::lock_guard lk(m.mu);
   const HostRange* h = find_host(m, p);
   return h && p + n <= h->base + h->size;
+}
+
+CUresult managed_alloc(int device, CUdeviceptr* dptr, size_t size, unsigned flags) {
+  Memory& m = M();
+  // cuda.h (cuMemAllocManaged): "If bytesize is 0, cuMemAllocManaged returns
+  // CUDA_ERROR_INVALID_VALUE"; "flags must be one of CU_MEM_ATTACH_GLOBAL or
+  // CU_MEM_ATTACH_HOST".
+  if (!dptr || size == 0)
+    return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAllocManaged: null pointer or zero size");
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemAllocManaged: flags %#x must be CU_MEM_ATTACH_GLOBAL or "
+                  "CU_MEM_ATTACH_HOST (cuda.h)",
+                  flags);
+  std::lock_guard lk(m.mu);
+  const size_t g = m.cfg.granularity;
+  const size_t bytes = round_up(size, kPage);
+  if (m.fd < 0 || m.next_offset + bytes > kBackingSize)
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocManaged: backing file exhausted");
+  // Granule-aligned, so that residency is per granularity-sized address block.
+  uintptr_t base = reserve_va(bytes, g, 0);
+  void* got = base ? mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_FIXED, m.fd, static_cast<off_t>(m.next_offset))
+                   : MAP_FAILED;
+  if (got == MAP_FAILED) {
+    if (base) munmap(reinterpret_cast<void*>(base), bytes);
+    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocManaged: mmap failed");
+  }
+  Managed& a = m.managed[base];
+  a.base = base;
+  a.size = bytes;
+  a.offset = m.next_offset;
+  a.device = device;
+  a.g.resize((bytes + g - 1) / g);
+  m.next_offset += bytes;
+  *dptr = base;
+  return CUDA_SUCCESS;
+}
+
+bool is_managed_range(uintptr_t ptr, size_t count) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Managed* a = find_managed(m, ptr);
+  return a && count <= a->base + a->size - ptr;
+}
+
+Migration managed_prefetch(uintptr_t ptr, size_t count, const CUmemLocation& target) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Migration mig;
+  Managed* a = find_managed(m, ptr);
+  if (!a || count == 0) return mig;  // freed since the call was validated
+  const size_t g = m.cfg.granularity;
+  // cuda.h: the range is "rounded down and rounded up respectively to be
+  // aligned to CPU page size"; residency is per granule, so whole granules move.
+  const uintptr_t hi = std::min<uintptr_t>(round_up(ptr + count, kPage), a->base + a->size);
+  const size_t first = (ptr - a->base) / g, last = (hi - 1 - a->base) / g;
+  CUmemLocation recorded = target;
+  if (target.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+    recorded = {CU_MEM_LOCATION_TYPE_HOST_NUMA, 0};  // the one simulated NUMA node
+  const bool to_device = target.type == CU_MEM_LOCATION_TYPE_DEVICE;
+  auto pinned = [&](const Managed* b, size_t i) { return b == a && i >= first && i <= last; };
+  for (size_t i = first; i <= last; ++i) {
+    Granule& gr = a->g[i];
+    gr.last_prefetch = recorded;
+    const uint64_t bytes = granule_bytes(m, *a, i);
+    int w = resolve(m, *a, i);
+    if (to_device) {
+      if (w == target.id) {
+        stamp(m, *a, i);
+        continue;
+      }
+      if (w >= 0) {  // on another device: through the host (no peer copies modeled)
+        leave_device(m, *a, i);
+        mig.to_host += bytes;
+        w = kOnHost;
+      }
+      // cuda.h: "If no physical memory has been allocated for this region,
+      // then this memory region will be populated and mapped on the
+      // destination device": no bytes to move.
+      if (place_on_device(m, *a, i, target.id, pinned, &mig)) {
+        if (w == kOnHost) mig.to_device += bytes;
+      } else if (w == kUnpopulated) {
+        gr.where = kOnHost;  // no room and nothing evictable: data stays on the host
+      }
+    } else if (w >= 0) {
+      leave_device(m, *a, i);
+      mig.to_host += bytes;
+    } else {
+      gr.where = kOnHost;
+    }
+  }
+  return mig;
+}
+
+Migration managed_kernel_touch(int device, const std::vector<uintptr_t>& bases) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Migration mig;
+  std::vector<Managed*> allocs;
+  for (uintptr_t b : bases)
+    if (auto it = m.managed.find(b); it != m.managed.end()) allocs.push_back(&it->second);
+  // What this kernel uses is not evicted to make room for itself.
+  auto pinned = [&](const Managed* b, size_t) {
+    return std::find(allocs.begin(), allocs.end(), b) != allocs.end();
+  };
+  for (Managed* a : allocs)
+    for (size_t i = 0; i < a->g.size(); ++i)
+      if (a->g[i].where == device) stamp(m, *a, i);
+  for (Managed* a : allocs) {
+    for (size_t i = 0; i < a->g.size(); ++i) {
+      Granule& gr = a->g[i];
+      if (gr.where == device) continue;
+      const uint64_t bytes = granule_bytes(m, *a, i);
+      int w = resolve(m, *a, i);
+      // A host-preferred range this device is mapped to (ACCESSED_BY) is read
+      // in place over the link (cuda.h, cuMemAdvise: SET_ACCESSED_BY "causes
+      // the data to always be mapped in the specified processor's page
+      // tables"; SET_PREFERRED_LOCATION: "If the data is already in its
+      // preferred location and the faulting processor can establish a
+      // mapping ..., then data migration will be avoided").
+      if (host_location(gr.preferred) && (gr.accessed_by & (1u << device)) && w < 0) {
+        gr.where = kOnHost;  // first touch populates at the preferred location
+        mig.remote += bytes;
+        continue;
+      }
+      if (w >= 0) {
+        leave_device(m, *a, i);
+        mig.to_host += bytes;
+        w = kOnHost;
+      }
+      if (place_on_device(m, *a, i, device, pinned, &mig)) {
+        if (w == kOnHost) mig.to_device += bytes;
+      } else {
+        // No room: the kernel reads the data where it is, it does not fail.
+        gr.where = kOnHost;
+        mig.remote += bytes;
+      }
+    }
+  }
+  return mig;
+}
+
+void managed_advise(uintptr_t ptr, size_t count, CUmem_advise advice, const CUmemLocation& loc) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Managed* a = find_managed(m, ptr);
+  if (!a) return;
+  const size_t g = m.cfg.granularity;
+  const uintptr_t hi = std::min<uintptr_t>(round_up(ptr + count, kPage), a->base + a->size);
+  // Only the ACCESSED_BY advices use it, after their location was validated.
+  const uint32_t bit = loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < 31
+                           ? 1u << loc.id
+                           : kAccessedByHost;
+  CUmemLocation where = loc;
+  if (loc.type == CU_MEM_LOCATION_TYPE_HOST) where.id = 0;  // cuda.h: id ignored
+  if (loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+    where = {CU_MEM_LOCATION_TYPE_HOST_NUMA, 0};
+  for (size_t i = (ptr - a->base) / g; i <= (hi - 1 - a->base) / g; ++i) {
+    Granule& gr = a->g[i];
+    switch (advice) {
+      case CU_MEM_ADVISE_SET_READ_MOSTLY:
+        gr.read_mostly = true;
+        break;
+      case CU_MEM_ADVISE_UNSET_READ_MOSTLY:
+        gr.read_mostly = false;
+        break;
+      case CU_MEM_ADVISE_SET_PREFERRED_LOCATION:
+        gr.preferred = where;
+        break;
+      case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:
+        gr.preferred = {CU_MEM_LOCATION_TYPE_INVALID, 0};
+        break;
+      case CU_MEM_ADVISE_SET_ACCESSED_BY:
+        gr.accessed_by |= bit;
+        break;
+      case CU_MEM_ADVISE_UNSET_ACCESSED_BY:
+        gr.accessed_by &= ~bit;
+        break;
+    }
+  }
+}
+
+CUresult managed_range_attribute(void* data, size_t size, CUmem_range_attribute attribute,
+                                 uintptr_t ptr, size_t count) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Managed* a = find_managed(m, ptr);
+  if (!data || count == 0 || !a || count > a->base + a->size - ptr)
+    return refuse(CUDA_ERROR_INVALID_VALUE,
+                  "cuMemRangeGetAttribute: null data or [%#lx, +%zu) is not managed memory",
+                  static_cast<unsigned long>(ptr), count);
+  const size_t g = m.cfg.granularity;
+  const size_t first = (ptr - a->base) / g, last = (ptr + count - 1 - a->base) / g;
+  auto same = [](const CUmemLocation& x, const CUmemLocation& y) {
+    return x.type == y.type && x.id == y.id;
+  };
+  // The location every granule of the range agrees on, or INVALID.
+  auto common = [&](CUmemLocation Granule::*field) {
+    CUmemLocation l = a->g[first].*field;
+    for (size_t i = first + 1; i <= last; ++i)
+      if (!same(l, a->g[i].*field)) return CUmemLocation{CU_MEM_LOCATION_TYPE_INVALID, 0};
+    return l;
+  };
+  // The legacy form: a device ordinal, CU_DEVICE_CPU for the host, or CU_DEVICE_INVALID.
+  auto legacy = [](const CUmemLocation& l) -> int {
+    if (l.type == CU_MEM_LOCATION_TYPE_DEVICE) return l.id;
+    if (l.type == CU_MEM_LOCATION_TYPE_HOST || l.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+      return CU_DEVICE_CPU;
+    return CU_DEVICE_INVALID;
+  };
+  auto put_int = [&](int v) {
+    if (size != 4)
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemRangeGetAttribute: dataSize must be 4");
+    std::memcpy(data, &v, 4);
+    return CUDA_SUCCESS;
+  };
+  auto put_type = [&](CUmemLocationType t) {
+    if (size != sizeof t)
+      return refuse(CUDA_ERROR_INVALID_VALUE,
+                    "cuMemRangeGetAttribute: dataSize must be sizeof(CUmemLocationType)");
+    std::memcpy(data, &t, sizeof t);
+    return CUDA_SUCCESS;
+  };
+  switch (attribute) {
+    case CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: {
+      int all = 1;
+      for (size_t i = first; i <= last; ++i) all &= a->g[i].read_mostly ? 1 : 0;
+      return put_int(all);
+    }
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION:
+      return put_int(legacy(common(&Granule::preferred)));
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE:
+      return put_type(common(&Granule::preferred).type);
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID:
+      return put_int(common(&Granule::preferred).id);
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION:
+      return put_int(legacy(common(&Granule::last_prefetch)));
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE:
+      return put_type(common(&Granule::last_prefetch).type);
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID:
+      return put_int(common(&Granule::last_prefetch).id);
+    case CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: {
+      // cuda.h: "a non-zero multiple of 4"; devices set over the whole range,
+      // then CU_DEVICE_INVALID in the extra space.
+      if (size == 0 || size % 4 != 0)
+        return refuse(CUDA_ERROR_INVALID_VALUE,
+                      "cuMemRangeGetAttribute: ACCESSED_BY needs a non-zero multiple of 4");
+      uint32_t all = ~0u;
+      for (size_t i = first; i <= last; ++i) all &= a->g[i].accessed_by;
+      std::vector<int> out(size / 4, CU_DEVICE_INVALID);
+      size_t n = 0;
+      for (int d = 0; d < m.cfg.device_count && n < out.size(); ++d)
+        if (all & (1u << d)) out[n++] = d;
+      std::memcpy(data, out.data(), size);
+      return CUDA_SUCCESS;
+    }
+    default:
+      return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemRangeGetAttribute: unknown attribute %d",
+                    static_cast<int>(attribute));
+  }
+}
+
+uint64_t managed_device_bytes(uintptr_t ptr, size_t size) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  const size_t g = m.cfg.granularity;
+  const uintptr_t hi = ptr + size;
+  uint64_t total = 0;
+  auto it = m.managed.upper_bound(ptr);
+  if (it != m.managed.begin()) --it;
+  for (; it != m.managed.end() && it->second.base < hi; ++it) {
+    const Managed& a = it->second;
+    for (size_t i = 0; i < a.g.size(); ++i) {
+      if (a.g[i].where < 0) continue;
+      const uintptr_t lo_g = a.base + i * g, hi_g = lo_g + granule_bytes(m, a, i);
+      const uintptr_t lo = std::max(lo_g, ptr), h = std::min(hi_g, hi);
+      if (lo < h) total += h - lo;
+    }
+  }
+  return total;
+}
+
+bool managed_on_device(uintptr_t ptr, size_t n) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  Managed* a = find_managed(m, ptr);
+  if (!a || n == 0) return false;
+  const size_t g = m.cfg.granularity;
+  const uintptr_t hi = std::min<uintptr_t>(ptr + n, a->base + a->size);
+  for (size_t i = (ptr - a->base) / g; i <= (hi - 1 - a->base) / g; ++i)
+    if (a->g[i].where >= 0) return true;
+  return false;
 }
 
 Stats stats(int device) {

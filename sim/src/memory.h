@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <cuda.h>
 
@@ -42,6 +43,35 @@ CUresult host_unregister(void* p);
 CUresult get_info(int device, size_t* free_bytes, size_t* total_bytes);
 CUresult set_external_usage(int device, uint64_t bytes);
 
+// Managed memory (cuMemAllocManaged): process memory at one address for the
+// host and every device, with a residency per granule (a device, the host, or
+// not yet populated). Residency changes when the op that moves it is enqueued
+// (prefetch, kernel launch), in call order, like every other "where does this
+// memory live" decision of the sim; the cost lands at the op's virtual time.
+CUresult managed_alloc(int device, CUdeviceptr* dptr, size_t size, unsigned flags);
+// [ptr, ptr + count) lies inside one managed allocation.
+bool is_managed_range(uintptr_t ptr, size_t count);
+// What a residency change moved, in bytes.
+struct Migration {
+  uint64_t to_device = 0;  // host -> device transfers
+  uint64_t to_host = 0;    // device -> host transfers, evictions included
+  uint64_t evicted = 0;    // the part of to_host made to free room on a device
+  uint64_t remote = 0;     // bytes a kernel reads in place over the link
+};
+// cuMemPrefetchAsync after validation: moves the granules of the
+// (page-rounded) range to `target` (DEVICE or HOST/HOST_NUMA id 0).
+Migration managed_prefetch(uintptr_t ptr, size_t count, const CUmemLocation& target);
+// A kernel on `device` touching the managed allocations starting at `bases`.
+Migration managed_kernel_touch(int device, const std::vector<uintptr_t>& bases);
+// cuMemAdvise after validation of the location for `advice`.
+void managed_advise(uintptr_t ptr, size_t count, CUmem_advise advice, const CUmemLocation& loc);
+CUresult managed_range_attribute(void* data, size_t size, CUmem_range_attribute attribute,
+                                 uintptr_t ptr, size_t count);
+// Bytes of [ptr, ptr + size) resident on any device (simcuda.h).
+uint64_t managed_device_bytes(uintptr_t ptr, size_t size);
+// True if any granule of [ptr, ptr + n) of a managed allocation is on a device.
+bool managed_on_device(uintptr_t ptr, size_t n);
+
 // What backs an address, as seen by the copy engines and the clock.
 enum class Where : uint8_t {
   kPageable,    // ordinary host memory
@@ -54,6 +84,9 @@ struct Located {
   Where where;
   int device;     // for device VA: the device of the physical memory (or reservation)
   Range mapping;  // for mapped device VA: the whole mapping containing the address
+  // Managed memory: `where` is kDevice or kHostMapped after the residency of
+  // the granule holding the address, `mapping` the whole allocation.
+  bool managed = false;
 };
 Located locate(uintptr_t p);
 bool is_device_va(uintptr_t p);

@@ -102,6 +102,7 @@ struct Device {
   EngineState compute, h2d, d2h;
   std::atomic<uint64_t> idle_at{0};
   std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, remote_access_bytes{0};
+  std::atomic<uint64_t> managed_fault_bytes{0};  // kernel-driven managed migrations
 };
 
 struct Context {

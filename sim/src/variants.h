@@ -37,4 +37,5 @@ SIM_DECLARE_VARIANT(cuStreamEndCapture, cuStreamEndCapture_ptsz)
 SIM_DECLARE_VARIANT(cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
 SIM_DECLARE_VARIANT(cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz)
 SIM_DECLARE_VARIANT(cuGraphLaunch, cuGraphLaunch_ptsz)
+SIM_DECLARE_VARIANT(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz)
 // clang-format on
