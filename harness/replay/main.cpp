@@ -108,10 +108,8 @@ Options parse_args(int argc, char** argv) {
       o.device_memory = *n;
     } else if (a == "--mode") {
       o.mode = value(i);
-      if (o.mode == "managed") {
-        bad_usage("--mode managed: the shim does not implement managed mode yet (docs/config.md)");
-      }
-      if (o.mode != "host" && o.mode != "off") bad_usage("--mode must be host, managed or off");
+      if (o.mode != "host" && o.mode != "managed" && o.mode != "off")
+        bad_usage("--mode must be host, managed or off");
     } else if (a == "--strategy") {
       const std::string v = value(i);
       if (v == "spillway")
@@ -364,8 +362,9 @@ int main(int argc, char** argv) {
     // machine's RAM) does not apply: one GPU's share of a DGX H100's 2 TB.
     setenv("SPILLWAY_HOST_BUDGET", "256GiB", 0);
   }
-  const bool spillway = o.strategy == Strategy::kSpillway && o.mode == "host";
-  setenv("SPILLWAY_MODE", spillway ? "host" : "off", 1);
+  const bool spillway = o.strategy == Strategy::kSpillway && o.mode != "off";
+  const std::string mode = spillway ? o.mode : "off";
+  setenv("SPILLWAY_MODE", mode.c_str(), 1);
   if (spillway && budget) setenv("SPILLWAY_GPU_BUDGET", std::to_string(budget).c_str(), 1);
   const std::string cupti = default_path("sim/libcupti.so.13", REPLAY_SIM_DIR "/libcupti.so.13");
   setenv("SPILLWAY_CUPTI_PATH", cupti.c_str(), 0);
@@ -402,7 +401,7 @@ int main(int argc, char** argv) {
   j << "{\n  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
   j << "  \"trace\": \"" << json_escape(o.trace) << "\",\n";
   j << "  \"strategy\": \"" << name_of(o.strategy) << "\",\n";
-  j << "  \"mode\": \"" << (spillway ? "host" : "off") << "\",\n";
+  j << "  \"mode\": \"" << mode << "\",\n";
   j << "  \"data_checked\": " << (o.no_data ? "false" : "true") << ",\n";
   j << "  \"steps_in_trace\": " << a.steps << ",\n";
   j << "  \"steps_completed\": " << steps << ",\n";

@@ -70,11 +70,29 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   size_t total = 0;
   CUdevice dev = 0;
   d.cuDeviceGet(&dev, o.device);
+  // Contract 4 for managed mode: without concurrent managed access the GPU
+  // cannot be prefetched to while other work runs (and the host may not touch
+  // managed memory while kernels run). Caching only, one warning, as below.
+  int concurrent = 0;
+  if (o.managed &&
+      (d.cuDeviceGetAttribute(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev) !=
+           CUDA_SUCCESS ||
+       !concurrent)) {
+    log::warn(
+        "device {} has no concurrent managed access "
+        "(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0): SPILLWAY_MODE=managed cannot "
+        "evict; eviction and the budget are off, spillway only caches allocations",
+        o.device);
+    a->o_.managed = false;
+    a->o_.evict = false;
+    a->o_.gpu_budget = 0;
+  }
   int host_vmm = 0;
-  if (o.evict && (d.cuDeviceGetAttribute(
-                      &host_vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                      dev) != CUDA_SUCCESS ||
-                  !host_vmm)) {
+  if (!o.managed && o.evict &&
+      (d.cuDeviceGetAttribute(&host_vmm,
+                              CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              dev) != CUDA_SUCCESS ||
+       !host_vmm)) {
     // Contract 4: no host memory to evict to, so no budget to keep: a budget
     // without eviction would fail allocations the job could make without
     // spillway. Caching only, as in SPILLWAY_MODE=off.
@@ -156,21 +174,49 @@ void Allocator::stop_background() {
 Allocator::~Allocator() {
   InternalCalls internal;
   stop_background();
+  // Managed blocks are separate driver allocations (the VA arena and the
+  // pools release everything else).
+  for (auto& [p, b] : managed_blocks_) CU_CALL(d_, cuMemFree, static_cast<CUdeviceptr>(p));
 }
 
 Allocator::Block* Allocator::owner_of(uintptr_t p) {
   if (arena_.contains(p)) {
     if (Block* b = owners_[(p - arena_.base()) / granule_]) return b;
+  } else if (Block* b = managed_at(p)) {
+    return b;
   }
   return find_live(p);  // small blocks: exact pointers only
 }
 
+Allocator::Block* Allocator::managed_at(uintptr_t p) const {
+  auto it = managed_blocks_.upper_bound(p);
+  if (it == managed_blocks_.begin()) return nullptr;
+  --it;
+  return p - it->first < it->second->cap ? it->second : nullptr;
+}
+
 void Allocator::set_owner(Block* b) {
+  if (o_.managed) {
+    managed_blocks_[b->ptr] = b;
+    // Only ever widened: the tracker's cheap filter may pass a few addresses
+    // that are no longer ours, never miss one that is.
+    uintptr_t lo = managed_lo_.load(std::memory_order_relaxed);
+    while (b->ptr < lo && !managed_lo_.compare_exchange_weak(lo, b->ptr)) {
+    }
+    uintptr_t hi = managed_hi_.load(std::memory_order_relaxed);
+    while (b->ptr + b->cap > hi && !managed_hi_.compare_exchange_weak(hi, b->ptr + b->cap)) {
+    }
+    return;
+  }
   const size_t first = (b->ptr - arena_.base()) / granule_;
   for (size_t i = 0; i < b->cap / granule_; ++i) owners_[first + i] = b;
 }
 
 void Allocator::forget_owner(Block* b) {
+  if (o_.managed) {
+    managed_blocks_.erase(b->ptr);
+    return;
+  }
   const size_t first = (b->ptr - arena_.base()) / granule_;
   for (size_t i = 0; i < b->cap / granule_; ++i) owners_[first + i] = nullptr;
 }
@@ -397,7 +443,60 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
   return r;
 }
 
+bool Allocator::take_managed(size_t size) {
+  if (!make_room(size)) return false;
+  // Nothing to create here: the pages come with the prefetch that follows. A
+  // device fuller than the budget says is the driver's to handle (it
+  // migrates managed pages out itself): slow, correct.
+  managed_dev_ += size;
+  return true;
+}
+
+Allocator::Block* Allocator::new_managed(size_t cap, CUstream stream) {
+  if (!take_managed(cap)) return nullptr;
+  CUdeviceptr p = 0;
+  if (CUresult r = CU_CALL(d_, cuMemAllocManaged, &p, cap, CU_MEM_ATTACH_GLOBAL);
+      r != CUDA_SUCCESS) {
+    managed_dev_ -= cap;
+    log::error("cuMemAllocManaged of {} bytes on device {} failed: {}", cap, o_.device,
+               cu::describe(d_, r));
+    return nullptr;
+  }
+  // Placed on the device on the allocating stream: its first use there does
+  // not fault, and no one waits. A capturing stream would record the prefetch
+  // into its graph: the copy stream does it then, and the host waits.
+  const bool capturing = not_capturing(stream) != CUDA_SUCCESS;
+  CUresult r = prefetch(p, cap, true, capturing ? h2d_.get() : stream);
+  if (r == CUDA_SUCCESS && capturing) r = drain(h2d_.get());
+  // Not a reason to fail the allocation (contract 4): untouched managed pages
+  // are populated where the GPU first touches them, at the cost of faults.
+  if (r != CUDA_SUCCESS)
+    log::warn(
+        "placing {} managed bytes at {:#x} on device {} failed ({}): its first use faults "
+        "them in",
+        cap, p, o_.device, cu::describe(d_, r));
+  Block* b = new_block();
+  b->ptr = p;
+  b->cap = cap;
+  b->large = true;
+  b->stream = stream;
+  set_owner(b);
+  return b;
+}
+
+CUresult Allocator::free_managed(Block* b) {
+  // cuMemFree gives back the device pages (and any host ones) without moving
+  // a byte: the cheapest way to release a managed block, cheaper than a
+  // prefetch of its garbage to the host. It waits for work still using the
+  // block, which the callers have already drained.
+  CUresult r = CU_CALL(d_, cuMemFree, static_cast<CUdeviceptr>(b->ptr));
+  if (r != CUDA_SUCCESS) return r;
+  forget_owner(b);
+  return CUDA_SUCCESS;
+}
+
 Allocator::Block* Allocator::new_large(size_t cap, CUstream stream) {
+  if (o_.managed) return new_managed(cap, stream);
   CUmemGenericAllocationHandle h = 0;
   if (take_device(cap, &h) != CUDA_SUCCESS) return nullptr;
   uintptr_t va = arena_.take(cap);
@@ -421,6 +520,20 @@ Allocator::Block* Allocator::new_large(size_t cap, CUstream stream) {
   set_owner(b);
   s_.device_creates = dev_.creates();
   return b;
+}
+
+CUresult Allocator::prefetch(uintptr_t p, size_t n, bool to_device, CUstream s) {
+  CUmemLocation loc{};
+  loc.type = to_device ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+  loc.id = to_device ? o_.device : 0;
+  return CU_CALL(d_, cuMemPrefetchAsync, static_cast<CUdeviceptr>(p), n, loc, 0u, s);
+}
+
+void Allocator::give_device(CUmemGenericAllocationHandle h, size_t size) {
+  if (o_.managed)
+    managed_dev_ -= size;
+  else
+    dev_.give(h, size);
 }
 
 Allocator::Block* Allocator::find_live(uintptr_t p) {
@@ -518,6 +631,15 @@ void Allocator::free_evicted(Block* b) {
   // Queued work may still read the host copy: let it finish before unmapping.
   drain(b->stream);
   for (CUstream u : b->users) drain(u);
+  if (o_.managed) {
+    if (free_managed(b) != CUDA_SUCCESS) {
+      log::error("freeing evicted managed block {:#x} failed; its memory is kept", b->ptr);
+      return;
+    }
+    managed_host_ -= b->cap;
+    spare_.push_back(b);
+    return;
+  }
   if (CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
     log::error("unmapping evicted block {:#x} failed; its host memory is kept", b->ptr);
     return;
@@ -530,7 +652,9 @@ void Allocator::free_evicted(Block* b) {
 
 size_t Allocator::excess(size_t need) const {
   // Taking a pooled handle of exactly `need` bytes adds nothing to what is held.
-  const uint64_t want = dev_.held() + (dev_.has(need) ? 0 : need);
+  // (In managed mode the request may be a managed block, which no pooled
+  // handle serves: counted in full, a little early for a small chunk.)
+  const uint64_t want = o_.managed ? resident() + need : dev_.held() + (dev_.has(need) ? 0 : need);
   return want > o_.gpu_budget ? want - o_.gpu_budget : 0;
 }
 
@@ -570,14 +694,25 @@ size_t Allocator::release_cached(size_t want) {
         Block* b = v[i];
         // A block whose eviction was cancelled is referenced by that batch
         // until it finishes.
-        if (b->where != Block::Where::kDevice ||
-            CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
+        if (b->where != Block::Where::kDevice) {
           ++i;
           continue;
         }
-        arena_.give(b->ptr, b->cap);
-        dev_.give(b->dev, b->cap);
-        forget_owner(b);
+        if (o_.managed) {
+          if (free_managed(b) != CUDA_SUCCESS) {
+            ++i;
+            continue;
+          }
+          managed_dev_ -= b->cap;
+        } else {
+          if (CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) {
+            ++i;
+            continue;
+          }
+          arena_.give(b->ptr, b->cap);
+          dev_.give(b->dev, b->cap);
+          forget_owner(b);
+        }
         freed += b->cap;
         ++s_.cached_releases;
         spare_.push_back(b);
@@ -650,52 +785,81 @@ std::vector<Allocator::Block*> Allocator::start_evictions(const std::vector<Bloc
   // stream, after everything already queued on the streams that use it.
   for (Block* b : victims) {
     if (b->holds > 0) continue;
-    // Host memory counts against its budget whether in use or pooled.
-    if (o_.host_budget && !host_.has(b->cap)) {
-      const size_t want = host_.held() + b->cap;
-      if (want > o_.host_budget) host_.trim(want - o_.host_budget);
-      if (host_.held() + b->cap > o_.host_budget) {
-        log::warn("host budget of {} bytes reached: block {:#x} ({} bytes) stays on the device",
-                  o_.host_budget, b->ptr, b->cap);
-        break;
-      }
-    }
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = host_.take(b->cap, &h);
-    if (r != CUDA_SUCCESS) {
-      log::warn("host memory for eviction ({} bytes) unavailable: {}", b->cap, cu::describe(d_, r));
-      ++s_.evictions_failed;
+    if (o_.managed) {
+      if (!start_managed_eviction(b)) break;
+    } else if (!start_host_eviction(b)) {
       break;
     }
-    uintptr_t scratch = arena_.take(b->cap);
-    if (!scratch || map_rw(d_, scratch, b->cap, h, o_.device) != CUDA_SUCCESS) {
-      if (scratch) arena_.give(scratch, b->cap);
-      host_.give(h, b->cap);
-      ++s_.evictions_failed;
-      break;
-    }
-    if ((r = order_after_users(d2h_.get(), b)) != CUDA_SUCCESS ||
-        (r = CU_CALL(d_, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, d2h_.get())) !=
-            CUDA_SUCCESS) {
-      log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
-      CU_CALL(d_, cuMemUnmap, scratch, b->cap);
-      arena_.give(scratch, b->cap);
-      host_.give(h, b->cap);
-      ++s_.evictions_failed;
-      continue;
-    }
-    b->where = Block::Where::kEvicting;
+    if (b->where != Block::Where::kEvicting) continue;  // its copy failed: the next one
     b->cause = cause;
     b->queued_ns = o_.observer ? monotonic_ns() : 0;
     b->cancel = false;
-    b->host = h;
-    b->scratch = scratch;
     started.push_back(b);
   }
-  s_.host_bytes = host_.held();
+  s_.host_bytes = host_held();
   s_.peak_host_bytes = std::max(s_.peak_host_bytes, s_.host_bytes);
   s_.host_creates = host_.creates();
   return started;
+}
+
+bool Allocator::start_managed_eviction(Block* b) {
+  if (o_.host_budget && managed_host_ + b->cap > o_.host_budget) {
+    log::warn("host budget of {} bytes reached: block {:#x} ({} bytes) stays on the device",
+              o_.host_budget, b->ptr, b->cap);
+    return false;
+  }
+  // After everything already queued on the streams that use it, so no queued
+  // kernel faults its pages straight back.
+  CUresult r = order_after_users(d2h_.get(), b);
+  if (r == CUDA_SUCCESS) r = prefetch(b->ptr, b->cap, false, d2h_.get());
+  if (r != CUDA_SUCCESS) {
+    log::warn("eviction prefetch of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
+    ++s_.evictions_failed;
+    return true;
+  }
+  managed_host_ += b->cap;
+  b->where = Block::Where::kEvicting;
+  return true;
+}
+
+bool Allocator::start_host_eviction(Block* b) {
+  // Host memory counts against its budget whether in use or pooled.
+  if (o_.host_budget && !host_.has(b->cap)) {
+    const size_t want = host_.held() + b->cap;
+    if (want > o_.host_budget) host_.trim(want - o_.host_budget);
+    if (host_.held() + b->cap > o_.host_budget) {
+      log::warn("host budget of {} bytes reached: block {:#x} ({} bytes) stays on the device",
+                o_.host_budget, b->ptr, b->cap);
+      return false;
+    }
+  }
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = host_.take(b->cap, &h);
+  if (r != CUDA_SUCCESS) {
+    log::warn("host memory for eviction ({} bytes) unavailable: {}", b->cap, cu::describe(d_, r));
+    ++s_.evictions_failed;
+    return false;
+  }
+  uintptr_t scratch = arena_.take(b->cap);
+  if (!scratch || map_rw(d_, scratch, b->cap, h, o_.device) != CUDA_SUCCESS) {
+    if (scratch) arena_.give(scratch, b->cap);
+    host_.give(h, b->cap);
+    ++s_.evictions_failed;
+    return false;
+  }
+  if ((r = order_after_users(d2h_.get(), b)) != CUDA_SUCCESS ||
+      (r = CU_CALL(d_, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, d2h_.get())) != CUDA_SUCCESS) {
+    log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
+    CU_CALL(d_, cuMemUnmap, scratch, b->cap);
+    arena_.give(scratch, b->cap);
+    host_.give(h, b->cap);
+    ++s_.evictions_failed;
+    return true;
+  }
+  b->where = Block::Where::kEvicting;
+  b->host = h;
+  b->scratch = scratch;
+  return true;
 }
 
 size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copied) {
@@ -704,17 +868,29 @@ size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copi
   // memory, still mapped and intact, stays.
   size_t freed = 0;
   for (Block* b : started) {
-    const bool scratch_unmapped = CU_CALL(d_, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS;
     bool swapped = false;
-    if (copied && scratch_unmapped && !b->cancel &&
-        CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
-      swapped = map_rw(d_, b->ptr, b->cap, b->host, o_.device) == CUDA_SUCCESS;
-      if (!swapped) map_rw(d_, b->ptr, b->cap, b->dev, o_.device);  // put the device memory back
+    if (o_.managed) {
+      // The prefetch has moved the pages; nothing to swap.
+      swapped = copied && !b->cancel;
+      if (!swapped) {
+        // Cancelled (or not known to be done): the block counts as resident,
+        // so its pages go back, on d2h behind the eviction's prefetch.
+        // Meanwhile a GPU access faults them in: slow, correct.
+        managed_host_ -= b->cap;
+        prefetch(b->ptr, b->cap, true, d2h_.get());
+      }
+    } else {
+      const bool scratch_unmapped = CU_CALL(d_, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS;
+      if (copied && scratch_unmapped && !b->cancel &&
+          CU_CALL(d_, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
+        swapped = map_rw(d_, b->ptr, b->cap, b->host, o_.device) == CUDA_SUCCESS;
+        if (!swapped) map_rw(d_, b->ptr, b->cap, b->dev, o_.device);  // put the device memory back
+      }
+      if (scratch_unmapped) arena_.give(b->scratch, b->cap);  // else leak VA rather than alias it
+      b->scratch = 0;
     }
-    if (scratch_unmapped) arena_.give(b->scratch, b->cap);  // else leak VA rather than alias it
-    b->scratch = 0;
     if (swapped) {
-      dev_.give(b->dev, b->cap);
+      give_device(b->dev, b->cap);
       freed += b->cap;
       b->dev = 0;
       b->where = Block::Where::kHost;
@@ -724,7 +900,7 @@ size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copi
         o_.observer->on_transfer(
             {true, b->cause, o_.device, b->ptr, b->size, d2h_.get(), b->queued_ns, monotonic_ns()});
     } else {
-      host_.give(b->host, b->cap);
+      if (!o_.managed) host_.give(b->host, b->cap);
       b->host = 0;
       b->where = Block::Where::kDevice;
       if (b->cancel) {
@@ -761,13 +937,12 @@ CUresult Allocator::restore(const void* ptr, CUstream stream) {
   note_user(b, stream);
   b->last_use = ++tick_;
   if (b->where == Block::Where::kEvicting) {
-    // Its device memory is still mapped and current: keep it.
-    b->cancel = true;
+    cancel_eviction(b, &stream);
     return CUDA_SUCCESS;
   }
   if (b->where == Block::Where::kDevice) return CUDA_SUCCESS;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUresult r = restore_block(b, Cause::kOnDemand);
+  CUresult r = restore_block(b, Cause::kOnDemand, &stream);
   s_.resident_bytes = resident();
   s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
   notify_memory();
@@ -790,11 +965,11 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
     b->last_use = ++tick_;
     chooser_->on_access({b->ptr, b->size, reinterpret_cast<uint64_t>(stream), a.seq, a.name});
     if (b->where == Block::Where::kEvicting) {
-      b->cancel = true;  // its device memory is still mapped and current
+      cancel_eviction(b, &stream);
     } else if (b->where == Block::Where::kHost) {
       // Contract 1: restored before the work is queued (the caller is about
       // to queue it). On failure the host copy stays mapped: slow, correct.
-      if (!ensure_context() || restore_block(b, Cause::kOnDemand) != CUDA_SUCCESS)
+      if (!ensure_context() || restore_block(b, Cause::kOnDemand, &stream) != CUDA_SUCCESS)
         log::warn("on-demand restore of {:#x} failed: it is used from host memory", b->ptr);
       s_.resident_bytes = resident();
       s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
@@ -809,6 +984,14 @@ template <class Large, class Small>
 void Allocator::for_each_block(const Touch* touches, size_t n, Large&& large, Small&& small) {
   for (size_t i = 0; i < n; ++i) {
     const Touch& t = touches[i];
+    if (o_.managed && !arena_.contains(t.lo)) {
+      // Managed blocks: every one the range overlaps.
+      auto it = managed_blocks_.upper_bound(t.lo);
+      if (it != managed_blocks_.begin()) --it;
+      for (; it != managed_blocks_.end() && it->first < t.hi; ++it)
+        if (it->first + it->second->cap > t.lo && it->second->live) large(it->second);
+      continue;
+    }
     if (!arena_.contains(t.lo)) continue;
     // Large blocks: every block any granule of the range belongs to.
     const size_t first = (t.lo - arena_.base()) / granule_;
@@ -836,9 +1019,9 @@ void Allocator::hold(const Touch* touches, size_t n) {
       touches, n,
       [&](Block* b) {
         ++b->holds;
-        if (b->where == Block::Where::kEvicting) b->cancel = true;
+        if (b->where == Block::Where::kEvicting) cancel_eviction(b, nullptr);
         if (b->where == Block::Where::kHost) {
-          if (!ensure_context() || restore_block(b, Cause::kOnDemand) != CUDA_SUCCESS)
+          if (!ensure_context() || restore_block(b, Cause::kOnDemand, nullptr) != CUDA_SUCCESS)
             log::warn("restore of held block {:#x} failed: it is used from host memory", b->ptr);
           s_.resident_bytes = resident();
           s_.peak_resident_bytes = std::max(s_.peak_resident_bytes, s_.resident_bytes);
@@ -856,7 +1039,7 @@ void Allocator::release(const Touch* touches, size_t n) {
 }
 
 void Allocator::notify_memory() {
-  if (o_.observer) o_.observer->on_memory(o_.device, resident(), host_.held(), o_.gpu_budget);
+  if (o_.observer) o_.observer->on_memory(o_.device, resident(), host_held(), o_.gpu_budget);
 }
 
 Allocator::Residency Allocator::residency(const void* ptr) {
@@ -880,8 +1063,24 @@ void Allocator::note_user(Block* b, CUstream stream) {
     b->users.push_back(stream);
 }
 
-CUresult Allocator::restore_block(Block* b, Cause cause) {
+void Allocator::cancel_eviction(Block* b, const CUstream* consumer) {
+  // Host mode: its device memory is still mapped and current, keep it.
+  b->cancel = true;
+  if (!o_.managed || !consumer) return;
+  // Managed mode: the prefetch may be moving its pages out right now. The
+  // consumer waits for it and brings them back first rather than faulting
+  // them back (finish_evictions would bring them back too, later).
+  if (order_after(*consumer, d2h_.get()) != CUDA_SUCCESS ||
+      not_capturing(*consumer) != CUDA_SUCCESS)
+    return;
+  prefetch(b->ptr, b->cap, true, *consumer);
+}
+
+CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consumer) {
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
+  if (o_.managed)
+    return take_managed(b->cap) ? restore_managed(b, cause, consumer, queued)
+                                : CUDA_ERROR_OUT_OF_MEMORY;
   CUmemGenericAllocationHandle h = 0;
   CUresult r = take_device(b->cap, &h);
   if (r != CUDA_SUCCESS) return r;
@@ -918,6 +1117,35 @@ CUresult Allocator::restore_block(Block* b, Cause cause) {
   dev_.give(h, b->cap);
   log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
   return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
+}
+
+CUresult Allocator::restore_managed(Block* b, Cause cause, const CUstream* consumer,
+                                    uint64_t queued) {
+  // After the work queued on the block's streams, which may still touch its
+  // host pages, so the migration does not race it. The consumer waits for the
+  // prefetch in stream order: unlike a remap, nothing here needs the host to
+  // wait, except for a holder with no stream (or a capturing consumer).
+  CUresult r = order_after_users(h2d_.get(), b);
+  if (r == CUDA_SUCCESS) r = prefetch(b->ptr, b->cap, true, h2d_.get());
+  if (r == CUDA_SUCCESS && (!consumer || not_capturing(*consumer) != CUDA_SUCCESS ||
+                            order_after(*consumer, h2d_.get()) != CUDA_SUCCESS))
+    r = drain(h2d_.get());
+  if (r != CUDA_SUCCESS) {
+    // Still counted on the host; a GPU access faults its pages in.
+    give_device(0, b->cap);
+    log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(d_, r));
+    return r;
+  }
+  managed_host_ -= b->cap;
+  b->where = Block::Where::kDevice;
+  ++s_.blocks_restored;
+  s_.bytes_restored += b->size;
+  // done_ns is when the consumer was ordered after the prefetch, not when
+  // the prefetch finished (nothing waits for that on the host).
+  if (o_.observer)
+    o_.observer->on_transfer(
+        {false, cause, o_.device, b->ptr, b->size, h2d_.get(), queued, monotonic_ns()});
+  return CUDA_SUCCESS;
 }
 
 void Allocator::background_loop() {
@@ -961,9 +1189,10 @@ Stats Allocator::stats() {
   s_.resident_bytes = resident();
   // Everything behind live and cached blocks, on either side: fragmentation
   // is what of it no live byte uses.
-  s_.reserved_bytes = (dev_.held() - dev_.pooled()) + (host_.held() - host_.pooled());
+  s_.reserved_bytes = (dev_.held() - dev_.pooled()) + (host_.held() - host_.pooled()) +
+                      managed_dev_ + managed_host_;
   s_.small_pool_bytes = small_bytes_;
-  s_.host_bytes = host_.held();
+  s_.host_bytes = host_held();
   s_.device_creates = dev_.creates();
   s_.host_creates = host_.creates();
   return s_;
@@ -980,7 +1209,7 @@ void Allocator::log_resident_set(const char* why) {
   log::error(
       "{}: resident {} bytes of budget {}, {} live blocks ({} bytes live, {} evicted to "
       "host), host {} of {} bytes, small pool {} bytes",
-      why, resident(), o_.gpu_budget, live_.size(), s_.live_bytes, evicted, host_.held(),
+      why, resident(), o_.gpu_budget, live_.size(), s_.live_bytes, evicted, host_held(),
       o_.host_budget, small_bytes_);
   for (size_t i = 0; i < res.size() && i < 10; ++i)
     log::error("  resident block {:#x}: {} bytes, stream {}", res[i]->ptr, res[i]->cap,

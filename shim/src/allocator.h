@@ -6,6 +6,19 @@
 // arena, backed by one physical allocation: device memory while resident,
 // host memory at the same address while evicted (design.md 4.1).
 //
+// SPILLWAY_MODE=managed (design.md 4.2) changes only what backs a large
+// block: its own cuMemAllocManaged allocation, moved by cuMemPrefetchAsync
+// instead of remapped. Everything above the backing (stream-ordered reuse,
+// the budget, victims, the tracker's hooks, statistics, observer events) is
+// shared, and small-block chunks stay VMM device memory in the arena. One
+// allocation per block rather than blocks carved from one big managed arena:
+// a kernel touching an arena would, on the simulator, migrate all of it (it
+// sees pointers, not extents), and a released block can simply be freed
+// (cuMemFree: no byte moved) where an arena range would need a prefetch of
+// its garbage to the host. The price is a driver call per new block (cached
+// blocks are reused, so a repeated step makes none) and an ordered map to
+// find a block from an address outside the arena.
+//
 // Reuse is stream-ordered, as in PyTorch's caching allocator: a freed block
 // goes back to its stream's free list at once and is reused by that stream;
 // another stream takes it only behind an event recorded on the freeing stream
@@ -18,6 +31,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,6 +59,10 @@ struct AllocatorOptions {
   uint64_t host_budget = 0;  // bytes
   uint64_t min_block = 1ull << 20;
   bool evict = true;  // false in SPILLWAY_MODE=off: caching only
+  // SPILLWAY_MODE=managed. Needs CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+  // and a managed arena; without either, one warning and caching only, as in
+  // host mode without host-memory VMM.
+  bool managed = false;
   // Evict ahead of need from a background thread when resident memory nears
   // the budget. Safe only when every access is seen (the access tracker can
   // cancel an eviction in flight); see docs/limitations.md.
@@ -81,10 +99,14 @@ class Allocator final : public AccessSink {
   void note_use(const void* ptr, CUstream stream);
 
   // AccessSink: the tracker reports every launch, copy and set here.
-  bool may_own(uintptr_t p) const override { return arena_.contains(p); }
+  bool may_own(uintptr_t p) const override {
+    return arena_.contains(p) || (p >= managed_lo_.load(std::memory_order_relaxed) &&
+                                  p < managed_hi_.load(std::memory_order_relaxed));
+  }
   void envelope(uintptr_t* lo, uintptr_t* hi) const override {
-    *lo = arena_.base();
-    *hi = arena_.base() + arena_.size();
+    *lo = std::min<uintptr_t>(arena_.base(), managed_lo_.load(std::memory_order_relaxed));
+    *hi = std::max<uintptr_t>(arena_.base() + arena_.size(),
+                              managed_hi_.load(std::memory_order_relaxed));
   }
   void before_use(const Access& a, const Touch* touches, size_t n) override;
   void hold(const Touch* touches, size_t n) override;
@@ -139,8 +161,28 @@ class Allocator final : public AccessSink {
   // queues them (blocks become kEvicting), finish swaps the mappings once the
   // copies are done, or keeps the device memory if an eviction was cancelled.
   std::vector<Block*> start_evictions(const std::vector<Block*>& victims, Cause cause);
+  // Queue one block's eviction (it becomes kEvicting, or stays kDevice if its
+  // copy failed); false: stop, no more can be evicted now.
+  bool start_host_eviction(Block* b);
+  bool start_managed_eviction(Block* b);
+  // A use or a hold while the block's eviction is in flight keeps it.
+  void cancel_eviction(Block* b, const CUstream* consumer);
   size_t finish_evictions(const std::vector<Block*>& started, bool copied);
-  CUresult restore_block(Block* b, Cause cause);
+  // `consumer` (if not null) waits for the restore in stream order; else
+  // the host waits for it.
+  CUresult restore_block(Block* b, Cause cause, const CUstream* consumer);
+  CUresult restore_managed(Block* b, Cause cause, const CUstream* consumer, uint64_t queued);
+  // Managed mode: room in the budget for `size` more resident bytes.
+  bool take_managed(size_t size);
+  Block* new_managed(size_t cap, CUstream stream);
+  CUresult free_managed(Block* b);  // cuMemFree, after the caller drained its users
+  Block* managed_at(uintptr_t p) const;
+  // Managed mode: queue a migration of [p, p+n) to the device or the host.
+  CUresult prefetch(uintptr_t p, size_t n, bool to_device, CUstream s);
+  // Device memory no longer behind a large block: to the handle pool (host
+  // mode) or out of the resident count (managed mode; the caller has queued
+  // the prefetch that moves the pages).
+  void give_device(CUmemGenericAllocationHandle h, size_t size);
   // Calls `large` for each live large block under the ranges, `small` for a
   // live small block starting at a range's first byte.
   template <class Large, class Small>
@@ -156,7 +198,11 @@ class Allocator final : public AccessSink {
   CUresult not_capturing(CUstream s);
 
   // Device physical memory held: live, cached and pooled blocks, small chunks.
-  uint64_t resident() const { return dev_.held(); }
+  // In managed mode, plus the managed blocks spillway has placed on the
+  // device (prefetched there) and not since moved to the host.
+  uint64_t resident() const { return dev_.held() + managed_dev_; }
+  // Host memory held for evicted (or evicting) blocks.
+  uint64_t host_held() const { return o_.managed ? managed_host_ : host_.held(); }
   Block* find_live(uintptr_t p);
   bool ensure_context();
 
@@ -173,6 +219,12 @@ class Allocator final : public AccessSink {
   std::vector<Block*> pending_;  // freed, waiting for user-stream events
   std::vector<Block*> owners_;   // large block owning each granule of the arena
   uint64_t high_water_ = 0;      // background eviction starts above this
+  uint64_t managed_dev_ = 0;     // managed mode: see resident()
+  uint64_t managed_host_ = 0;    // managed mode: see host_held()
+  // Managed mode: every large block (live or cached) by address, and the
+  // span they have covered (read by the tracker without the lock).
+  std::map<uintptr_t, Block*> managed_blocks_;
+  std::atomic<uintptr_t> managed_lo_{UINTPTR_MAX}, managed_hi_{0};
   // An allocation once had to evict live blocks: the job does not fit the
   // budget, so evicting ahead of need pays. Until then the background thread
   // moves nothing (a job that fits moves no byte).

@@ -27,8 +27,7 @@ std::string set_mode(const std::string& v, Config* c) {
   else if (v == "off")
     c->mode = Mode::kOff;
   else if (v == "managed")
-    return "host or off (managed mode is not implemented yet: it needs unified-memory support "
-           "in the simulator and the shim, tracked as its own issue)";
+    c->mode = Mode::kManaged;
   else
     return "host, managed or off";
   return {};

@@ -45,6 +45,18 @@ template <class T>
 std::string loggable(T v) {
   if constexpr (std::is_pointer_v<T>) {
     return fmt::format("{}", static_cast<const void*>(v));
+  } else if constexpr (std::is_same_v<T, CUmemLocation>) {
+    // cuMemPrefetchAsync's destination.
+    switch (v.type) {
+      case CU_MEM_LOCATION_TYPE_DEVICE:
+        return fmt::format("{{device {}}}", v.id);
+      case CU_MEM_LOCATION_TYPE_HOST:
+        return "{host}";
+      case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        return fmt::format("{{host numa {}}}", v.id);
+      default:
+        return fmt::format("{{type {}, id {}}}", static_cast<int>(v.type), v.id);
+    }
   } else if constexpr (std::is_integral_v<T>) {
     const bool address = sizeof(T) == 8 && static_cast<uint64_t>(v) >= (uint64_t{1} << 40);
     return address ? fmt::format("{:#x}", v) : fmt::format("{}", v);

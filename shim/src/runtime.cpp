@@ -75,7 +75,7 @@ void Runtime::start() {
       log::warn("cannot write SPILLWAY_RECORD file '{}' ({}): not recording", cfg_.record_file,
                 why);
   }
-  if (driver_ && cfg_.mode == Mode::kHost) start_tracking();
+  if (driver_ && cfg_.mode != Mode::kOff) start_tracking();
   if (!cfg_.trace_file.empty()) start_trace();
   if (recorder_) start_durations();
   if (cfg_.stacks) {
@@ -99,9 +99,10 @@ void Runtime::start_tracking() {
   // at their addresses, so unseen reads are slow but correct.
   blind_ = true;
   log::warn(
-      "running without access tracking ({}): evicted blocks are read over the link until "
-      "restored, and eviction ahead of need is off",
-      why);
+      "running without access tracking ({}): evicted blocks are {} until restored, and "
+      "eviction ahead of need is off",
+      why,
+      cfg_.mode == Mode::kManaged ? "faulted back to the GPU page by page" : "read over the link");
 }
 
 void Runtime::start_trace() {
@@ -208,7 +209,8 @@ Allocator* Runtime::allocator(int device) {
   AllocatorOptions o;
   o.device = device;
   o.min_block = cfg_.min_block;
-  o.evict = cfg_.mode == Mode::kHost;
+  o.evict = cfg_.mode != Mode::kOff;
+  o.managed = cfg_.mode == Mode::kManaged;
   // Evicting ahead of need is safe only when every access is seen.
   o.background = tracker_ != nullptr;
   o.observer = sites_ ? static_cast<Observer*>(sites_.get()) : trace_.get();

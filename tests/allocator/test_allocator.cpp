@@ -104,6 +104,7 @@ class AllocatorTest : public ::testing::Test {
                                   uint64_t min_block = MiB) {
     AllocatorOptions o;
     o.background = background_;
+    o.managed = managed_;
     o.before_swap = [this] {
       if (hook_) hook_();
     };
@@ -168,6 +169,7 @@ class AllocatorTest : public ::testing::Test {
   Observed observed_;
   Kernels k_;
   bool background_ = false;
+  bool managed_ = false;  // SPILLWAY_MODE=managed
   std::function<void()> hook_;
   std::unique_ptr<Allocator> allocator_;
 };
@@ -506,39 +508,44 @@ TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
 // note_use (PyTorch's record_stream never reaches a pluggable allocator).
 class JitteredUsersTest : public AllocatorTest {
   void configure() override { setenv("SIMCUDA_JITTER", "777", 1); }
+
+ protected:
+  void free_waits_for_other_streams(Allocator& a) {
+    CUstream alloc_s, other;
+    ASSERT_CU(cuStreamCreate(&alloc_s, CU_STREAM_NON_BLOCKING));
+    ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    for (size_t size : {size_t{4096}, size_t{3 * MiB}}) {
+      for (int round = 0; round < 20; ++round) {
+        const uint64_t seed = 40000u + static_cast<uint64_t>(round);
+        void* p = a.malloc(size, alloc_s);
+        fill(p, size, seed, alloc_s);
+        // `other` reads the block later than the allocation stream frees it.
+        CUevent filled;
+        ASSERT_CU(cuEventCreate(&filled, CU_EVENT_DISABLE_TIMING));
+        ASSERT_CU(cuEventRecord(filled, alloc_s));
+        ASSERT_CU(cuStreamWaitEvent(other, filled, 0));
+        busy(other, 2000);
+        check(p, size, seed, other);
+        a.note_use(p, other);
+        a.free(p, size, alloc_s);
+        // The allocation stream immediately wants the same size again and writes it.
+        void* q = a.malloc(size, alloc_s);
+        fill(q, size, seed + 1000, alloc_s);
+        ASSERT_CU(cuStreamSynchronize(other));
+        ASSERT_CU(cuStreamSynchronize(alloc_s));
+        a.free(q, size, alloc_s);
+        cuEventDestroy_v2(filled);
+      }
+    }
+    EXPECT_EQ(0u, mismatches());
+    cuStreamDestroy_v2(alloc_s);
+    cuStreamDestroy_v2(other);
+  }
 };
 
 TEST_F(JitteredUsersTest, FreeWaitsForOtherStreamsThatUsedTheBlock) {
   auto a = make(0);
-  CUstream alloc_s, other;
-  ASSERT_CU(cuStreamCreate(&alloc_s, CU_STREAM_NON_BLOCKING));
-  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  for (size_t size : {size_t{4096}, size_t{3 * MiB}}) {
-    for (int round = 0; round < 20; ++round) {
-      const uint64_t seed = 40000u + static_cast<uint64_t>(round);
-      void* p = a->malloc(size, alloc_s);
-      fill(p, size, seed, alloc_s);
-      // `other` reads the block later than the allocation stream frees it.
-      CUevent filled;
-      ASSERT_CU(cuEventCreate(&filled, CU_EVENT_DISABLE_TIMING));
-      ASSERT_CU(cuEventRecord(filled, alloc_s));
-      ASSERT_CU(cuStreamWaitEvent(other, filled, 0));
-      busy(other, 2000);
-      check(p, size, seed, other);
-      a->note_use(p, other);
-      a->free(p, size, alloc_s);
-      // The allocation stream immediately wants the same size again and writes it.
-      void* q = a->malloc(size, alloc_s);
-      fill(q, size, seed + 1000, alloc_s);
-      ASSERT_CU(cuStreamSynchronize(other));
-      ASSERT_CU(cuStreamSynchronize(alloc_s));
-      a->free(q, size, alloc_s);
-      cuEventDestroy_v2(filled);
-    }
-  }
-  EXPECT_EQ(0u, mismatches());
-  cuStreamDestroy_v2(alloc_s);
-  cuStreamDestroy_v2(other);
+  free_waits_for_other_streams(*a);
 }
 
 class BackgroundTest : public AllocatorTest {
@@ -554,6 +561,87 @@ class BackgroundTest : public AllocatorTest {
     for (uint64_t held = 0; held <= budget; held += 2 * MiB)
       v.push_back(a.malloc(2 * MiB, nullptr));
     for (void* p : v) a.free(p, 2 * MiB, nullptr);
+  }
+  void evicts_ahead_of_need() {
+    const uint64_t budget = 32 * MiB;
+    auto a = make(budget);
+    over_budget_once(*a, budget);
+    std::vector<Live> live;
+    for (int i = 0; i < 16; ++i) {  // 32 MiB: above the 95% high-water mark
+      void* p = a->malloc(2 * MiB, nullptr);
+      ASSERT_NE(nullptr, p);
+      live.push_back({p, 2 * MiB, 7000u + static_cast<uint64_t>(i), nullptr});
+      fill(p, 2 * MiB, live.back().seed, nullptr);
+    }
+    // Bounded wait for the background thread (it polls every 5 ms). Wait for
+    // the outcome, not for a batch count: a batch started while
+    // over_budget_once's blocks were live can finish after the loop above and
+    // before the batch that brings these 16 blocks down.
+    const uint64_t high = budget - budget / 20;
+    for (int i = 0; i < 10000 && a->stats().resident_bytes > high; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto st = a->stats();
+    EXPECT_GE(st.background_batches, 1u);
+    EXPECT_GE(st.blocks_evicted, 1u);
+    EXPECT_LE(st.resident_bytes, high);
+    for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+    EXPECT_EQ(0u, mismatches());
+    for (const Live& l : live) ASSERT_CU(a->restore(l.p, nullptr));
+    for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+    EXPECT_EQ(0u, mismatches());
+  }
+  void use_during_eviction_cancels() {
+    // The access arrives in the worst place: after the eviction copy finished,
+    // before the mappings are swapped. The write must survive.
+    constexpr uint64_t kSize = 2 * MiB, kSeed = 8000;
+    // The hook runs on the background thread, possibly in a batch that started
+    // while over_budget_once's blocks were live: it acts only once the first
+    // block of this test is the one being evicted, and shares nothing else.
+    std::atomic<void*> first{nullptr};
+    std::atomic<bool> hooked{false};
+    // Batches run one at a time, so what was cancelled before this batch is
+    // settled when the hook runs (a free during an earlier copy counts too).
+    std::atomic<uint64_t> cancelled_before{0};
+    hook_ = [&] {
+      void* v = first.load();
+      if (hooked.load() || v == nullptr) return;
+      if (allocator_->residency(v) != Allocator::Residency::kEvicting) return;
+      cancelled_before.store(allocator_->stats().evictions_cancelled);
+      hooked.store(true);
+      ASSERT_CU(allocator_->restore(v, nullptr));  // what the tracker does before a launch
+      fill(v, kSize, kSeed + 1, nullptr);
+      ASSERT_CU(cuStreamSynchronize(nullptr));
+    };
+    allocator_ = make(32 * MiB);
+    over_budget_once(*allocator_, 32 * MiB);
+    std::vector<Live> live;
+    for (int i = 0; i < 16; ++i) {
+      void* p = allocator_->malloc(kSize, nullptr);
+      ASSERT_NE(nullptr, p);
+      live.push_back({p, kSize, kSeed + static_cast<uint64_t>(i), nullptr});
+      fill(p, kSize, live.back().seed, nullptr);
+      if (i == 0) first.store(p);  // the oldest block: the first victim
+    }
+    auto cancelled_here = [&] {
+      return hooked.load() && allocator_->stats().evictions_cancelled > cancelled_before.load();
+    };
+    for (int i = 0; i < 10000 && !cancelled_here(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(hooked.load());
+    EXPECT_EQ(cancelled_before.load() + 1, allocator_->stats().evictions_cancelled);
+    EXPECT_EQ(Allocator::Residency::kDevice, allocator_->residency(live[0].p));
+    check(live[0].p, live[0].size, live[0].seed + 1, nullptr);
+    for (size_t i = 1; i < live.size(); ++i) check(live[i].p, live[i].size, live[i].seed, nullptr);
+    EXPECT_EQ(0u, mismatches());
+    allocator_.reset();  // joins the background thread before the hook's captures go
+  }
+};
+
+class ManagedBackgroundTest : public BackgroundTest {
+ protected:
+  void SetUp() override {
+    managed_ = true;
+    BackgroundTest::SetUp();
   }
 };
 
@@ -577,78 +665,19 @@ TEST_F(BackgroundTest, AJobThatFitsTheBudgetExactlyMovesNothing) {
 }
 
 TEST_F(BackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
-  const uint64_t budget = 32 * MiB;
-  auto a = make(budget);
-  over_budget_once(*a, budget);
-  std::vector<Live> live;
-  for (int i = 0; i < 16; ++i) {  // 32 MiB: above the 95% high-water mark
-    void* p = a->malloc(2 * MiB, nullptr);
-    ASSERT_NE(nullptr, p);
-    live.push_back({p, 2 * MiB, 7000u + static_cast<uint64_t>(i), nullptr});
-    fill(p, 2 * MiB, live.back().seed, nullptr);
-  }
-  // Bounded wait for the background thread (it polls every 5 ms). Wait for
-  // the outcome, not for a batch count: a batch started while
-  // over_budget_once's blocks were live can finish after the loop above and
-  // before the batch that brings these 16 blocks down.
-  const uint64_t high = budget - budget / 20;
-  for (int i = 0; i < 10000 && a->stats().resident_bytes > high; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  auto st = a->stats();
-  EXPECT_GE(st.background_batches, 1u);
-  EXPECT_GE(st.blocks_evicted, 1u);
-  EXPECT_LE(st.resident_bytes, high);
-  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
-  EXPECT_EQ(0u, mismatches());
-  for (const Live& l : live) ASSERT_CU(a->restore(l.p, nullptr));
-  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
-  EXPECT_EQ(0u, mismatches());
+  evicts_ahead_of_need();
+}
+
+TEST_F(ManagedBackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
+  evicts_ahead_of_need();
 }
 
 TEST_F(BackgroundTest, UseDuringAnEvictionInFlightCancelsItAndKeepsTheWrite) {
-  // The access arrives in the worst place: after the eviction copy finished,
-  // before the mappings are swapped. The write must survive.
-  constexpr uint64_t kSize = 2 * MiB, kSeed = 8000;
-  // The hook runs on the background thread, possibly in a batch that started
-  // while over_budget_once's blocks were live: it acts only once the first
-  // block of this test is the one being evicted, and shares nothing else.
-  std::atomic<void*> first{nullptr};
-  std::atomic<bool> hooked{false};
-  // Batches run one at a time, so what was cancelled before this batch is
-  // settled when the hook runs (a free during an earlier copy counts too).
-  std::atomic<uint64_t> cancelled_before{0};
-  hook_ = [&] {
-    void* v = first.load();
-    if (hooked.load() || v == nullptr) return;
-    if (allocator_->residency(v) != Allocator::Residency::kEvicting) return;
-    cancelled_before.store(allocator_->stats().evictions_cancelled);
-    hooked.store(true);
-    ASSERT_CU(allocator_->restore(v, nullptr));  // what the tracker does before a launch
-    fill(v, kSize, kSeed + 1, nullptr);
-    ASSERT_CU(cuStreamSynchronize(nullptr));
-  };
-  allocator_ = make(32 * MiB);
-  over_budget_once(*allocator_, 32 * MiB);
-  std::vector<Live> live;
-  for (int i = 0; i < 16; ++i) {
-    void* p = allocator_->malloc(kSize, nullptr);
-    ASSERT_NE(nullptr, p);
-    live.push_back({p, kSize, kSeed + static_cast<uint64_t>(i), nullptr});
-    fill(p, kSize, live.back().seed, nullptr);
-    if (i == 0) first.store(p);  // the oldest block: the first victim
-  }
-  auto cancelled_here = [&] {
-    return hooked.load() && allocator_->stats().evictions_cancelled > cancelled_before.load();
-  };
-  for (int i = 0; i < 10000 && !cancelled_here(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(hooked.load());
-  EXPECT_EQ(cancelled_before.load() + 1, allocator_->stats().evictions_cancelled);
-  EXPECT_EQ(Allocator::Residency::kDevice, allocator_->residency(live[0].p));
-  check(live[0].p, live[0].size, live[0].seed + 1, nullptr);
-  for (size_t i = 1; i < live.size(); ++i) check(live[i].p, live[i].size, live[i].seed, nullptr);
-  EXPECT_EQ(0u, mismatches());
-  allocator_.reset();  // joins the background thread before the hook's captures go
+  use_during_eviction_cancels();
+}
+
+TEST_F(ManagedBackgroundTest, UseDuringAnEvictionInFlightCancelsItAndKeepsTheWrite) {
+  use_during_eviction_cancels();
 }
 
 class NoHostVmmAllocatorTest : public AllocatorTest {
@@ -671,5 +700,271 @@ TEST_F(NoHostVmmAllocatorTest, WithoutHostMemoryVmmTheBudgetIsOffAndEverythingFi
   auto st = a->stats();
   EXPECT_EQ(0u, st.blocks_evicted);
   EXPECT_EQ(0u, st.budget_bytes);
+  for (const Live& l : live) a->free(l.p, l.size, nullptr);
+}
+
+// ---- SPILLWAY_MODE=managed (design.md 4.2): the same contract, with blocks in
+// managed memory moved by prefetches. The simulator tracks where each granule
+// of managed memory is (simcuda_managed_device_bytes) and counts the bytes
+// kernels fault in (managed_fault_bytes): a missed restore shows there.
+
+namespace {
+
+class ManagedTest : public AllocatorTest {
+ protected:
+  void SetUp() override {
+    managed_ = true;
+    AllocatorTest::SetUp();
+  }
+  static uint64_t on_device(const void* p, size_t n) {
+    return simcuda_managed_device_bytes(reinterpret_cast<CUdeviceptr>(p), n);
+  }
+  static simcuda_memory_stats mem() {
+    simcuda_memory_stats ms;
+    simcuda_get_memory_stats(0, &ms);
+    return ms;
+  }
+  // What the access tracker does before a launch that touches [p, p+n).
+  static void before_launch(Allocator& a, void* p, size_t n, CUstream s) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+    const spillway::Touch t{lo, lo + n};
+    spillway::Access acc;
+    acc.stream = s;
+    a.before_use(acc, &t, 1);
+  }
+};
+
+}  // namespace
+
+TEST_F(ManagedTest, LargeBlocksAreManagedMemoryPlacedOnTheDeviceAndHoldTheirBytes) {
+  auto a = make(0);
+  void* small = a->malloc(4096, nullptr);
+  void* large = a->malloc(5 * MiB, nullptr);
+  EXPECT_EQ(1u, simcuda_call_count("cuMemAllocManaged"));  // small blocks stay VMM
+  ASSERT_NE(nullptr, small);
+  ASSERT_NE(nullptr, large);
+  // Placed on the device at allocation: no fault on first use.
+  EXPECT_EQ(6 * MiB, on_device(large, 6 * MiB));
+  fill(small, 4096, 1, nullptr);
+  fill(large, 5 * MiB, 2, nullptr);
+  check(small, 4096, 1, nullptr);
+  check(large, 5 * MiB, 2, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_EQ(0u, mem().managed_fault_bytes);
+  auto st = a->stats();
+  EXPECT_EQ(8 * MiB, st.resident_bytes);  // one 2 MiB chunk and a 6 MiB block
+  EXPECT_EQ(1u, st.device_creates);       // the chunk
+  a->free(small, 4096, nullptr);
+  a->free(large, 5 * MiB, nullptr);
+}
+
+TEST_F(ManagedTest, LiveSetThreeTimesTheBudgetKeepsEveryByteWithinIt) {
+  const uint64_t budget = 16 * MiB;
+  auto a = make(budget);
+  std::vector<Live> live;
+  for (int i = 0; i < 12; ++i) {  // 48 MiB live
+    void* p = a->malloc(4 * MiB, nullptr);
+    ASSERT_NE(nullptr, p) << i;
+    live.push_back({p, 4 * MiB, 500u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, 500u + static_cast<uint64_t>(i), nullptr);
+    EXPECT_LE(mem().device_used, budget) << i;
+  }
+  EXPECT_EQ(0u, mismatches());
+  size_t evicted = 0;
+  for (const Live& l : live) evicted += on_device(l.p, l.size) == 0;
+  EXPECT_GE(evicted, 8u) << "evicted blocks are on the host";
+  for (const Live& l : live) {  // each back in turn, as the tracker does before a launch
+    before_launch(*a, l.p, l.size, nullptr);
+    EXPECT_EQ(l.size, on_device(l.p, l.size));
+    check(l.p, l.size, l.seed, nullptr);
+  }
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_EQ(0u, mem().managed_fault_bytes) << "every use was restored first";
+  auto st = a->stats();
+  EXPECT_LE(st.peak_resident_bytes, budget);
+  EXPECT_LE(observed_.max_resident, budget);
+  EXPECT_LE(mem().device_peak, budget) << "the driver saw more device memory than the budget";
+  EXPECT_GE(st.blocks_evicted, 8u);
+  EXPECT_GE(st.blocks_restored, 8u);
+  EXPECT_EQ(st.bytes_evicted, observed_.bytes(true, spillway::Cause::kBudget));
+  EXPECT_EQ(st.bytes_restored, observed_.bytes(false, spillway::Cause::kOnDemand));
+  EXPECT_GE(mem().bytes_d2h, 8 * 4 * MiB);
+  for (const Live& l : live) a->free(l.p, l.size, nullptr);
+}
+
+TEST_F(ManagedTest, EvictedBlockUsedByAKernelIsRestoredFirstOnItsStream) {
+  auto a = make(8 * MiB);
+  CUstream s;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  void* p = a->malloc(4 * MiB, s);
+  fill(p, 4 * MiB, 31, s);
+  ASSERT_CU(a->evict(p));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+  EXPECT_EQ(0u, on_device(p, 4 * MiB));
+  EXPECT_EQ(0u, a->stats().resident_bytes);
+  EXPECT_EQ(4 * MiB, a->stats().host_bytes);
+  before_launch(*a, p, 4 * MiB, s);
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
+  EXPECT_EQ(4 * MiB, on_device(p, 4 * MiB));
+  check(p, 4 * MiB, 31, s);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_EQ(0u, mem().managed_fault_bytes);
+  EXPECT_EQ(4 * MiB, a->stats().resident_bytes);
+  EXPECT_EQ(0u, a->stats().host_bytes);
+  a->free(p, 4 * MiB, s);
+  cuStreamDestroy_v2(s);
+}
+
+// A use nobody predicted (a pointer kept in device memory) faults the pages
+// in: slow, correct.
+TEST_F(ManagedTest, UnpredictedAccessToAnEvictedBlockFaultsAndReadsTheRightBytes) {
+  auto a = make(0);
+  void* target = a->malloc(4 * MiB, nullptr);
+  void* holder = a->malloc(64, nullptr);
+  fill(target, 4 * MiB, 11, nullptr);
+  ASSERT_CU(cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(holder), &target, sizeof target));
+  ASSERT_CU(a->evict(target));
+  launch3(k_.chase, holder, 4 * MiB, 11, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  // A launch naming the block that the tracker did not report: the pages
+  // fault in, the bytes are right.
+  check(target, 4 * MiB, 11, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_GE(mem().managed_fault_bytes, 4 * MiB);
+  char err[256];
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, err, sizeof err)) << err;
+}
+
+TEST_F(ManagedTest, CachedBlocksAreReleasedToTheHostWhenTheBudgetNeedsTheRoom) {
+  const uint64_t budget = 16 * MiB;
+  auto a = make(budget);
+  std::vector<void*> v;
+  for (int i = 0; i < 4; ++i) v.push_back(a->malloc(4 * MiB, nullptr));
+  for (void* p : v) a->free(p, 4 * MiB, nullptr);
+  // A different size: the cached 4 MiB blocks cannot serve it, and are
+  // given back (not evicted: they hold nothing).
+  void* big = a->malloc(12 * MiB, nullptr);
+  ASSERT_NE(nullptr, big);
+  fill(big, 12 * MiB, 3, nullptr);
+  check(big, 12 * MiB, 3, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_GE(st.cached_releases, 3u);
+  EXPECT_EQ(0u, st.blocks_evicted);
+  EXPECT_LE(st.peak_resident_bytes, budget);
+  EXPECT_LE(mem().device_peak, budget);
+  EXPECT_EQ(12 * MiB, on_device(big, 12 * MiB));
+  EXPECT_EQ(0u, mem().bytes_d2h) << "a released block is freed, its garbage not moved";
+  a->free(big, 12 * MiB, nullptr);
+}
+
+TEST_F(ManagedTest, TrueOutOfMemoryReturnsNullAndKeepsEveryByte) {
+  auto a = make(8 * MiB, 8 * MiB);  // 16 MiB can be live
+  std::vector<Live> live;
+  void* p = nullptr;
+  for (int i = 0; i < 10 && (p = a->malloc(4 * MiB, nullptr)); ++i) {
+    live.push_back({p, 4 * MiB, 300u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, live.back().seed, nullptr);
+  }
+  EXPECT_EQ(nullptr, p) << "should run out";
+  EXPECT_EQ(4u, live.size());
+  auto st = a->stats();
+  EXPECT_GE(st.ooms, 1u);
+  EXPECT_LE(st.peak_host_bytes, 8 * MiB);
+  for (const Live& l : live) {
+    before_launch(*a, l.p, l.size, nullptr);
+    check(l.p, l.size, l.seed, nullptr);
+  }
+  EXPECT_EQ(0u, mismatches());
+  a->free(live[0].p, live[0].size, nullptr);
+  EXPECT_NE(nullptr, a->malloc(4 * MiB, nullptr));
+}
+
+TEST_F(ManagedTest, FailedPrefetchesLoseNothing) {
+  auto a = make(0);
+  void* p = a->malloc(4 * MiB, nullptr);
+  fill(p, 4 * MiB, 77, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  // The eviction's prefetch fails: the block stays resident and intact.
+  ASSERT_CU(simcuda_fail_call("cuMemPrefetchAsync", 1, 0, CUDA_ERROR_INVALID_VALUE));
+  EXPECT_NE(CUDA_SUCCESS, a->evict(p));
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
+  EXPECT_EQ(4 * MiB, on_device(p, 4 * MiB));
+  EXPECT_EQ(0u, a->stats().blocks_evicted);
+  EXPECT_EQ(1u, a->stats().evictions_failed);
+  EXPECT_EQ(4 * MiB, a->stats().resident_bytes);
+  check(p, 4 * MiB, 77, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  // The restore's prefetch fails: an error, the block stays on the host and
+  // reads right (faulted in).
+  ASSERT_CU(a->evict(p));
+  ASSERT_CU(simcuda_fail_call("cuMemPrefetchAsync", 1, 0, CUDA_ERROR_INVALID_VALUE));
+  EXPECT_NE(CUDA_SUCCESS, a->restore(p, nullptr));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+  EXPECT_EQ(0u, a->stats().resident_bytes);
+  simcuda_clear_faults();
+  ASSERT_CU(a->restore(p, nullptr));
+  EXPECT_EQ(4 * MiB, on_device(p, 4 * MiB));
+  check(p, 4 * MiB, 77, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  // Placing a new block fails: the allocation still succeeds (its first use
+  // faults the pages in) rather than turning into an OOM.
+  ASSERT_CU(simcuda_fail_call("cuMemPrefetchAsync", 1, 0, CUDA_ERROR_INVALID_VALUE));
+  void* q = a->malloc(2 * MiB, nullptr);
+  ASSERT_NE(nullptr, q);
+  fill(q, 2 * MiB, 78, nullptr);
+  check(q, 2 * MiB, 78, nullptr);
+  check(p, 4 * MiB, 77, nullptr);
+  EXPECT_EQ(0u, mismatches());
+}
+
+TEST_F(JitteredUsersTest, ManagedFreeWaitsForOtherStreamsThatUsedTheBlock) {
+  managed_ = true;
+  auto a = make(0);
+  free_waits_for_other_streams(*a);
+}
+
+// A managed allocation the driver refuses: malloc returns NULL (PyTorch's
+// OOM) with the reason logged; nothing already allocated changes.
+TEST_F(ManagedTest, ManagedAllocationFailureReturnsNullAndKeepsEveryByte) {
+  auto a = make(16 * MiB);
+  void* p = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, 4 * MiB, 55, nullptr);
+  ASSERT_CU(simcuda_fail_call("cuMemAllocManaged", 1, 0, CUDA_ERROR_OUT_OF_MEMORY));
+  EXPECT_EQ(nullptr, a->malloc(8 * MiB, nullptr));
+  auto st = a->stats();
+  EXPECT_EQ(1u, st.ooms);
+  EXPECT_EQ(4 * MiB, st.resident_bytes) << "the failed block is not counted";
+  check(p, 4 * MiB, 55, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  void* q = a->malloc(8 * MiB, nullptr);  // the next one succeeds
+  ASSERT_NE(nullptr, q);
+  EXPECT_EQ(12 * MiB, a->stats().resident_bytes);
+  a->free(q, 8 * MiB, nullptr);
+  a->free(p, 4 * MiB, nullptr);
+}
+
+class NoConcurrentManagedTest : public ManagedTest {
+  void configure() override { setenv("SIMCUDA_CONCURRENT_MANAGED", "0", 1); }
+};
+
+TEST_F(NoConcurrentManagedTest, WithoutConcurrentManagedAccessTheBudgetIsOffAndEverythingFits) {
+  auto a = make(8 * MiB);
+  std::vector<Live> live;
+  for (int i = 0; i < 6; ++i) {
+    void* p = a->malloc(4 * MiB, nullptr);
+    ASSERT_NE(nullptr, p) << i;
+    live.push_back({p, 4 * MiB, 700u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 4 * MiB, live.back().seed, nullptr);
+  }
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  auto st = a->stats();
+  EXPECT_EQ(0u, st.blocks_evicted);
+  EXPECT_EQ(0u, st.budget_bytes);
+  EXPECT_EQ(0u, simcuda_call_count("cuMemAllocManaged"));
+  EXPECT_EQ(0u, simcuda_call_count("cuMemPrefetchAsync"));
   for (const Live& l : live) a->free(l.p, l.size, nullptr);
 }

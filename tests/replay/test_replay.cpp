@@ -205,6 +205,22 @@ TEST_F(ReplayTest, SpillwayCompletesAtFortyPercentWhereNoneRunsOutOfMemory) {
   EXPECT_GT(r.num("sim_lower_bound_step_time_ns"), 0);
 }
 
+// SPILLWAY_MODE=managed on the same trace: the same guarantees as host mode
+// (every byte checked, no OOM, peak within the budget), by prefetches.
+TEST_F(ReplayTest, ManagedModeCompletesAtFortyPercent) {
+  Result probe = replay({"--strategy", "none", "--no-data"});
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  const uint64_t peak = static_cast<uint64_t>(probe.num("unconstrained_peak_bytes"));
+  const std::string device = std::to_string(peak * 6 / 10);
+  Result r = replay({"--mode", "managed", "--budget", "40%", "--device-memory", device});
+  EXPECT_COMPLETE(r);
+  EXPECT_NE(r.json.find("\"mode\": \"managed\""), std::string::npos) << r.json;
+  EXPECT_LE(r.num("peak_device_bytes"), 0.4 * static_cast<double>(peak) + 1);
+  EXPECT_GT(r.num("bytes_device_to_host"), 0);
+  EXPECT_GT(r.num("bytes_host_to_device"), 0);
+  EXPECT_EQ(r.err.find("only caches"), std::string::npos) << "no fallback: " << r.err;
+}
+
 TEST_F(ReplayTest, AnchorStrategiesCompleteWithTheirCopies) {
   for (const char* s : {"save_on_cpu", "torchtune", "layerwise"}) {
     SCOPED_TRACE(s);
@@ -264,7 +280,7 @@ TEST_F(ReplayTest, BadArgumentsExitTwo) {
   for (std::vector<std::string> args : {std::vector<std::string>{"--budget", "0%"},
                                         {"--budget", "12parsecs"},
                                         {"--strategy", "magic"},
-                                        {"--mode", "managed"},
+                                        {"--mode", "unified"},
                                         {"--steps", "-1"},
                                         {"--frobnicate"},
                                         {"--device-memory", "1.5"}}) {

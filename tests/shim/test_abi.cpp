@@ -350,8 +350,8 @@ TEST_F(ShimAbi, ExportsExactlyTheFourAbiFunctions) {
     names.insert(name.substr(0, name.find('@')));
   }
   const std::set<std::string> expected = {
-      "spillway_malloc", "spillway_free",  "spillway_mark_step",   "spillway_stats_json",
-      "spillway_pin",    "spillway_unpin", "spillway_check_config",
+      "spillway_malloc", "spillway_free", "spillway_mark_step", "spillway_stats_json",
+      "spillway_pin", "spillway_unpin", "spillway_check_config",
       // NCCL interposition (docs/nccl.md)
       "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce",
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd"};
@@ -377,12 +377,29 @@ TEST_F(ShimAbi, MisspelledVariableEndsTheProcessWithASuggestion) {
   EXPECT_TRUE(contains(r.err, "did you mean SPILLWAY_GPU_BUDGET?")) << r.err;
 }
 
-TEST_F(ShimAbi, ManagedModeEndsTheProcessSayingItIsNotImplemented) {
-  Child r = probe({"step"}, {"SPILLWAY_MODE=managed"});
-  EXPECT_EQ(r.exit_code, 2) << r.describe();
-  EXPECT_EQ(r.reply("step"), "");
-  EXPECT_TRUE(contains(r.err, "SPILLWAY_MODE")) << r.err;
-  EXPECT_TRUE(contains(r.err, "not implemented")) << r.err;
+// SPILLWAY_MODE=managed through the preloaded shim: the same budget, the same
+// bytes, no fallback warning.
+TEST_F(ShimAbi, ManagedModeKeepsEveryByteWithinTheBudget) {
+  constexpr size_t kBudget = 16 * MiB, kBlock = 4 * MiB;
+  std::vector<std::string> cmds;
+  const std::string slots = "abcdef";  // 24 MiB live
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const std::string s(1, slots[i]);
+    cmds.insert(cmds.end(), {"malloc", s, sz(kBlock), "fill", s, sz(kBlock), sz(i + 1)});
+  }
+  for (size_t i = 0; i < slots.size(); ++i)
+    cmds.insert(cmds.end(), {"check", std::string(1, slots[i]), sz(kBlock), sz(i + 1)});
+  cmds.push_back("stats");
+  Child r = probe(cmds, {"SPILLWAY_MODE=managed", "SPILLWAY_GPU_BUDGET=" + sz(kBudget)});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  for (char s : slots)
+    EXPECT_EQ(r.reply(std::string("check ") + s), std::string("check ") + s + " ok")
+        << r.describe();
+  auto m = stats_members(r.stats());
+  EXPECT_LE(counter(m, "peak_resident_bytes"), static_cast<long long>(kBudget));
+  EXPECT_GE(counter(m, "blocks_evicted"), 2);
+  EXPECT_EQ(counter(m, "ooms"), 0);
+  EXPECT_FALSE(contains(r.err, "only caches")) << r.err;
 }
 
 TEST_F(ShimAbi, StatsDoNotStartTheRuntime) {

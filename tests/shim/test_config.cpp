@@ -150,13 +150,10 @@ TEST(ShimConfig, SeveralVariablesTogether) {
   EXPECT_EQ(p.cfg->stats_file, "/tmp/stats.json");
 }
 
-TEST(ShimConfig, ModeHostAndOffAccepted) {
+TEST(ShimConfig, ModeHostManagedAndOffAccepted) {
   EXPECT_EQ(accepted("SPILLWAY_MODE", "host").mode, Mode::kHost);
+  EXPECT_EQ(accepted("SPILLWAY_MODE", "managed").mode, Mode::kManaged);
   EXPECT_EQ(accepted("SPILLWAY_MODE", "off").mode, Mode::kOff);
-}
-
-TEST(ShimConfig, ModeManagedRefusedWithItsExplanation) {
-  refused("SPILLWAY_MODE", "managed", "not implemented");
 }
 
 TEST(ShimConfig, ModeInvalidRefused) {
