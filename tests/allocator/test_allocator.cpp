@@ -2,6 +2,7 @@
 // restore, the budget, out-of-memory, injected driver failures and warm reuse.
 // Every block carries a pattern derived from its identity; simulated kernels
 // write and check it on the block's stream, so a lost or stale byte is counted.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -593,45 +594,54 @@ class BackgroundTest : public AllocatorTest {
   void use_during_eviction_cancels() {
     // The access arrives in the worst place: after the eviction copy finished,
     // before the mappings are swapped. The write must survive.
+    constexpr int kBlocks = 16;
     constexpr uint64_t kSize = 2 * MiB, kSeed = 8000;
     // The hook runs on the background thread, possibly in a batch that started
-    // while over_budget_once's blocks were live: it acts only once the first
-    // block of this test is the one being evicted, and shares nothing else.
-    std::atomic<void*> first{nullptr};
-    std::atomic<bool> hooked{false};
+    // while over_budget_once's blocks were live. It acts on the first of this
+    // test's blocks it finds being evicted: which one the policy picks depends
+    // on how the blocks were reused from over_budget_once's, and on timing.
+    std::array<std::atomic<void*>, kBlocks> mine{};
+    std::atomic<int> hit{-1};
     // Batches run one at a time, so what was cancelled before this batch is
     // settled when the hook runs (a free during an earlier copy counts too).
     std::atomic<uint64_t> cancelled_before{0};
     hook_ = [&] {
-      void* v = first.load();
-      if (hooked.load() || v == nullptr) return;
-      if (allocator_->residency(v) != Allocator::Residency::kEvicting) return;
-      cancelled_before.store(allocator_->stats().evictions_cancelled);
-      hooked.store(true);
-      ASSERT_CU(allocator_->restore(v, nullptr));  // what the tracker does before a launch
-      fill(v, kSize, kSeed + 1, nullptr);
-      ASSERT_CU(cuStreamSynchronize(nullptr));
+      if (hit.load() >= 0) return;
+      for (int i = 0; i < kBlocks; ++i) {
+        void* v = mine[static_cast<size_t>(i)].load();
+        if (!v || allocator_->residency(v) != Allocator::Residency::kEvicting) continue;
+        cancelled_before.store(allocator_->stats().evictions_cancelled);
+        hit.store(i);
+        ASSERT_CU(allocator_->restore(v, nullptr));  // what the tracker does before a launch
+        fill(v, kSize, kSeed + static_cast<uint64_t>(i) + 1, nullptr);
+        ASSERT_CU(cuStreamSynchronize(nullptr));
+        return;
+      }
     };
     allocator_ = make(32 * MiB);
     over_budget_once(*allocator_, 32 * MiB);
     std::vector<Live> live;
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kBlocks; ++i) {
       void* p = allocator_->malloc(kSize, nullptr);
       ASSERT_NE(nullptr, p);
       live.push_back({p, kSize, kSeed + static_cast<uint64_t>(i), nullptr});
       fill(p, kSize, live.back().seed, nullptr);
-      if (i == 0) first.store(p);  // the oldest block: the first victim
+      // Published after its fill is queued: the hook's fill comes after it.
+      mine[static_cast<size_t>(i)].store(p);
     }
     auto cancelled_here = [&] {
-      return hooked.load() && allocator_->stats().evictions_cancelled > cancelled_before.load();
+      return hit.load() >= 0 && allocator_->stats().evictions_cancelled > cancelled_before.load();
     };
     for (int i = 0; i < 10000 && !cancelled_here(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(hooked.load());
+    const int h = hit.load();
+    ASSERT_GE(h, 0) << "no eviction of this test's blocks in 10 s";
     EXPECT_EQ(cancelled_before.load() + 1, allocator_->stats().evictions_cancelled);
-    EXPECT_EQ(Allocator::Residency::kDevice, allocator_->residency(live[0].p));
-    check(live[0].p, live[0].size, live[0].seed + 1, nullptr);
-    for (size_t i = 1; i < live.size(); ++i) check(live[i].p, live[i].size, live[i].seed, nullptr);
+    EXPECT_EQ(Allocator::Residency::kDevice, allocator_->residency(live[static_cast<size_t>(h)].p));
+    for (int i = 0; i < kBlocks; ++i) {
+      const Live& l = live[static_cast<size_t>(i)];
+      check(l.p, l.size, l.seed + (i == h ? 1 : 0), nullptr);
+    }
     EXPECT_EQ(0u, mismatches());
     allocator_.reset();  // joins the background thread before the hook's captures go
   }
