@@ -1102,12 +1102,7 @@ CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consume
     host_.give(b->host, b->cap);
     b->host = 0;
     b->dev = h;
-    b->where = Block::Where::kDevice;
-    ++s_.blocks_restored;
-    s_.bytes_restored += b->size;
-    if (o_.observer)
-      o_.observer->on_transfer(
-          {false, cause, o_.device, b->ptr, b->size, h2d_.get(), queued, monotonic_ns()});
+    note_restored(b, cause, queued);
     return CUDA_SUCCESS;
   }
   // Roll back: the host copy stays mapped at the block's address.
@@ -1137,15 +1132,19 @@ CUresult Allocator::restore_managed(Block* b, Cause cause, const CUstream* consu
     return r;
   }
   managed_host_ -= b->cap;
+  // done_ns is when the consumer was ordered after the prefetch, not when
+  // the prefetch finished (nothing waits for that on the host).
+  note_restored(b, cause, queued);
+  return CUDA_SUCCESS;
+}
+
+void Allocator::note_restored(Block* b, Cause cause, uint64_t queued) {
   b->where = Block::Where::kDevice;
   ++s_.blocks_restored;
   s_.bytes_restored += b->size;
-  // done_ns is when the consumer was ordered after the prefetch, not when
-  // the prefetch finished (nothing waits for that on the host).
   if (o_.observer)
     o_.observer->on_transfer(
         {false, cause, o_.device, b->ptr, b->size, h2d_.get(), queued, monotonic_ns()});
-  return CUDA_SUCCESS;
 }
 
 void Allocator::background_loop() {

@@ -172,6 +172,8 @@ class Allocator final : public AccessSink {
   // the host waits for it.
   CUresult restore_block(Block* b, Cause cause, const CUstream* consumer);
   CUresult restore_managed(Block* b, Cause cause, const CUstream* consumer, uint64_t queued);
+  // The block is resident again: state, statistics, the observer.
+  void note_restored(Block* b, Cause cause, uint64_t queued);
   // Managed mode: room in the budget for `size` more resident bytes.
   bool take_managed(size_t size);
   Block* new_managed(size_t cap, CUstream stream);

@@ -196,6 +196,15 @@ class ChromeTraceRun : public ::testing::Test {
     need(at("max_resident_minus_budget") <= 0, "resident within the budget at every sample");
     return bad;
   }
+  // Runs the probe's job to its exit and parses the (closed) trace it left.
+  void run_job(const std::vector<std::string>& e, std::string* stats, Summary* s) {
+    Child c(probe("run"), e);
+    *stats = stats_line(c);
+    const int st = c.wait();
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+    *s = check(trace_, false);
+    ASSERT_EQ(0u, s->count("error"));
+  }
   void expect_job(const Summary& s, const std::string& stats) {
     std::string dump;
     for (const auto& [k, v] : s) dump += k + "=" + std::to_string(v) + " ";
@@ -206,12 +215,9 @@ class ChromeTraceRun : public ::testing::Test {
 };
 
 TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
-  Child c(probe("run"), env());
-  const std::string stats = stats_line(c);
-  const int st = c.wait();
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  const Summary s = check(trace_, false);
-  ASSERT_EQ(0u, s.count("error"));
+  std::string stats;
+  Summary s;
+  ASSERT_NO_FATAL_FAILURE(run_job(env(), &stats, &s));
   EXPECT_EQ(1, s.at("closed"));
   EXPECT_EQ(1, s.at("has_start"));
   EXPECT_EQ(1, s.at("has_end"));
@@ -234,12 +240,9 @@ TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
 TEST_F(ChromeTraceRun, WithStacksEveryTransferNamesItsAllocationSite) {
   auto e = env();
   e.push_back("SPILLWAY_STACKS=1");
-  Child c(probe("run"), e);
-  const std::string stats = stats_line(c);
-  const int st = c.wait();
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  const Summary s = check(trace_, false);
-  ASSERT_EQ(0u, s.count("error"));
+  std::string stats;
+  Summary s;
+  ASSERT_NO_FATAL_FAILURE(run_job(e, &stats, &s));
   expect_job(s, stats);
   EXPECT_EQ(s.at("evictions") + s.at("restores"), s.at("transfers_with_site"));
   // The probe allocates from its own code: that is the site named.
@@ -249,12 +252,9 @@ TEST_F(ChromeTraceRun, WithStacksEveryTransferNamesItsAllocationSite) {
 TEST_F(ChromeTraceRun, WithoutCuptiTransfersAreOnTheHostClock) {
   auto e = env();
   e.push_back("SPILLWAY_CUPTI=off");
-  Child c(probe("run"), e);
-  const std::string stats = stats_line(c);
-  const int st = c.wait();
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  const Summary s = check(trace_, false);
-  ASSERT_EQ(0u, s.count("error"));
+  std::string stats;
+  Summary s;
+  ASSERT_NO_FATAL_FAILURE(run_job(e, &stats, &s));
   EXPECT_EQ(1, s.at("closed"));
   EXPECT_EQ(0, s.at("kernels"));
   // Real host time, not the simulator's clock.

@@ -20,14 +20,6 @@ using spillway::Allocator;
 using spillway::Runtime;
 using namespace simtest;
 
-#if defined(__SANITIZE_THREAD__)
-#define NCCL_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define NCCL_TEST_TSAN 1
-#endif
-#endif
-
 namespace {
 
 // Not a datatype, but within the enum's range of values (0..15), so the
@@ -234,7 +226,7 @@ TEST_F(NcclHooks, BuffersStayOnTheDeviceWhileTheCollectiveRunsThenBecomeEvictabl
 // the running collective, and the stand-in reports it: the check above has
 // teeth.
 TEST_F(NcclHooks, WithoutTheHooksTheSameScenarioRemapsABufferUnderTheCollective) {
-#ifdef NCCL_TEST_TSAN
+#ifdef SIMTEST_TSAN
   GTEST_SKIP()
       << "remaps memory a running kernel reads, unsynchronized on purpose: a race by design";
 #endif

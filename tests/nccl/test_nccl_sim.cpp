@@ -14,14 +14,6 @@
 
 using namespace simtest;
 
-#if defined(__SANITIZE_THREAD__)
-#define NCCL_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define NCCL_TEST_TSAN 1
-#endif
-#endif
-
 namespace {
 
 // Not a datatype, but within the enum's range of values (0..15), so the
@@ -335,7 +327,7 @@ TEST_F(SimNcclVmm, ReadsAndWritesHostBackedBuffersThroughTheirAddresses) {
 }
 
 TEST_F(SimNcclVmm, AMappingChangedUnderARunningCollectiveIsReported) {
-#ifdef NCCL_TEST_TSAN
+#ifdef SIMTEST_TSAN
   GTEST_SKIP()
       << "remaps memory a running kernel reads, unsynchronized on purpose: a race by design";
 #endif

@@ -8,6 +8,16 @@
 #include <cstdint>
 #include <string>
 
+// A ThreadSanitizer build (GCC defines __SANITIZE_THREAD__; Clang has the
+// feature test): for the few tests that race on purpose.
+#if defined(__SANITIZE_THREAD__)
+#define SIMTEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SIMTEST_TSAN 1
+#endif
+#endif
+
 #define ASSERT_CU(expr) ASSERT_EQ(CUDA_SUCCESS, (expr)) << #expr
 #define EXPECT_CU(expr) EXPECT_EQ(CUDA_SUCCESS, (expr)) << #expr
 
