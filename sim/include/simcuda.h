@@ -109,6 +109,14 @@ void simcuda_get_memory_stats(int device, simcuda_memory_stats* out);
  * is enqueued. 0 for memory that is not managed. */
 uint64_t simcuda_managed_device_bytes(CUdeviceptr ptr, size_t size);
 
+/* A value that changes whenever a mapping overlapping [ptr, ptr + size) is
+ * made (cuMemMap, cuMemAlloc, cuMemAllocManaged), removed, or has its access
+ * set (cuMemSetAccess): two equal readings mean nothing of the kind happened
+ * to the range in between, even a change later undone. Read under the lock
+ * that orders those changes, so a concurrent change elsewhere cannot tear a
+ * reading. */
+uint64_t simcuda_mapping_signature(CUdeviceptr ptr, size_t size);
+
 /* Device memory taken by "another process": counts against capacity. */
 CUresult simcuda_set_external_usage(int device, uint64_t bytes);
 

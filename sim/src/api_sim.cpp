@@ -135,6 +135,12 @@ uint64_t simcuda_managed_device_bytes(CUdeviceptr ptr, size_t size) {
   return mem::managed_device_bytes(static_cast<uintptr_t>(ptr), size);
 }
 
+uint64_t simcuda_mapping_signature(CUdeviceptr ptr, size_t size) {
+  if (!state()) return 0;
+  const auto lo = static_cast<uintptr_t>(ptr);
+  return mem::mapping_signature(lo, lo + size);
+}
+
 CUresult simcuda_set_external_usage(int device, uint64_t bytes) {
   if (!state()) return CUDA_ERROR_NOT_INITIALIZED;
   return mem::set_external_usage(device, bytes);

@@ -39,6 +39,7 @@ struct Mapping {
   size_t size = 0;
   std::shared_ptr<Physical> phys;
   unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  uint64_t serial = 0;  // new at every map and access change (mapping_signature)
 };
 
 struct Reservation {
@@ -87,6 +88,7 @@ struct Memory {
   int fd = -1;
   uint64_t next_offset = 0;
   uint64_t next_handle = 0xA110C000;
+  uint64_t next_mapping = 1;
   std::map<uintptr_t, Reservation> reservations;  // by base
   std::unordered_map<uint64_t, std::shared_ptr<Physical>> handles;
   std::map<uintptr_t, HostRange> host_ranges;  // by base
@@ -511,6 +513,7 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   mp.va = ptr;
   mp.size = size;
   mp.phys = p;
+  mp.serial = m.next_mapping++;
   p->mappings++;
   return CUDA_SUCCESS;
 }
@@ -563,6 +566,7 @@ CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, s
   for (Mapping* mp : maps) {
     mprotect(reinterpret_cast<void*>(mp->va), mp->size, prot_of(access));
     mp->access = access;
+    mp->serial = m.next_mapping++;  // a change, even one undone later
   }
   return CUDA_SUCCESS;
 }
@@ -597,6 +601,37 @@ CUresult properties_from_handle(CUmemAllocationProp* prop, CUmemGenericAllocatio
   return CUDA_SUCCESS;
 }
 
+uint64_t mapping_signature(uintptr_t lo, uintptr_t hi) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the words below
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 0x100000001b3ull;
+  };
+  auto it = m.reservations.upper_bound(lo);
+  if (it != m.reservations.begin()) --it;
+  for (; it != m.reservations.end() && it->second.base < hi; ++it) {
+    const Reservation& r = it->second;
+    if (r.base + r.size <= lo) continue;
+    for (const auto& [va, mp] : r.maps) {
+      if (va >= hi || va + mp.size <= lo) continue;
+      mix(va);
+      mix(mp.size);
+      mix(mp.serial);
+    }
+  }
+  // Managed allocations are one mapping each for their whole life; their
+  // migrations move pages, not addresses, and do not count.
+  auto mt = m.managed.upper_bound(lo);
+  if (mt != m.managed.begin()) --mt;
+  for (; mt != m.managed.end() && mt->second.base < hi; ++mt)
+    if (mt->second.base + mt->second.size > lo) {
+      mix(mt->second.base);
+      mix(mt->second.offset);
+    }
+  return h;
+}
+
 CUresult mem_alloc(int device, CUdeviceptr* dptr, size_t size) {
   Memory& m = M();
   if (!dptr || size == 0) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc: null or zero size");
@@ -628,6 +663,7 @@ CUresult mem_alloc(int device, CUdeviceptr* dptr, size_t size) {
   mp.va = base;
   mp.size = bytes;
   mp.phys = p;
+  mp.serial = m.next_mapping++;
   mp.access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   *dptr = base;
   return CUDA_SUCCESS;

@@ -33,6 +33,11 @@ CUresult granularity(size_t* out, const CUmemAllocationProp* prop,
                      CUmemAllocationGranularity_flags option);
 CUresult properties_from_handle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle);
 
+// A value that changes whenever a mapping overlapping [lo, hi) is made,
+// removed, or has its access changed (simcuda.h), read under the lock that
+// orders those changes.
+uint64_t mapping_signature(uintptr_t lo, uintptr_t hi);
+
 // Classic allocations.
 CUresult mem_alloc(int device, CUdeviceptr* dptr, size_t size);
 CUresult mem_free(CUdeviceptr dptr);

@@ -128,6 +128,56 @@ TEST(SimVmm, HappyPathDataSurvivesRemap) {
   EXPECT_CU(cuMemAddressFree(va, 2 * g));
 }
 
+// simcuda_mapping_signature (a sim extension, simcuda.h): changes with every
+// map, unmap and access change on the range, even a remap of the same handle
+// or an access change undone, and with nothing done next to the range.
+TEST(SimVmm, MappingSignatureChangesWithEveryChangeToTheRangeOnly) {
+  init_primary();
+  const size_t g = granularity();
+  CUdeviceptr va = 0;
+  ASSERT_CU(cuMemAddressReserve(&va, 3 * g, 0, 0, 0));
+  CUmemGenericAllocationHandle h = 0, other = 0;
+  CUmemAllocationProp prop = device_prop();
+  ASSERT_CU(cuMemCreate(&h, g, &prop, 0));
+  ASSERT_CU(cuMemCreate(&other, g, &prop, 0));
+  auto sig = [&] { return simcuda_mapping_signature(va + g, g); };
+  const uint64_t empty = sig();
+  EXPECT_EQ(empty, sig()) << "a reading is stable";
+  ASSERT_CU(cuMemMap(va + g, g, 0, h, 0));
+  const uint64_t mapped = sig();
+  EXPECT_NE(empty, mapped);
+  ASSERT_CU(grant(va + g, g));
+  const uint64_t granted = sig();
+  EXPECT_NE(mapped, granted);
+  // Neighbours on both sides: mapped, opened, unmapped. The range's reading
+  // does not move.
+  ASSERT_CU(cuMemMap(va, g, 0, other, 0));
+  ASSERT_CU(grant(va, g));
+  ASSERT_CU(cuMemUnmap(va, g));
+  ASSERT_CU(cuMemMap(va + 2 * g, g, 0, other, 0));
+  ASSERT_CU(cuMemUnmap(va + 2 * g, g));
+  EXPECT_EQ(granted, sig());
+  // A reading of a range that spans a neighbour does move with it.
+  const uint64_t wide = simcuda_mapping_signature(va, 2 * g);
+  ASSERT_CU(cuMemMap(va, g, 0, other, 0));
+  EXPECT_NE(wide, simcuda_mapping_signature(va, 2 * g));
+  ASSERT_CU(cuMemUnmap(va, g));
+  // The same handle unmapped and mapped again, with the same access: a change.
+  ASSERT_CU(cuMemUnmap(va + g, g));
+  ASSERT_CU(cuMemMap(va + g, g, 0, h, 0));
+  ASSERT_CU(grant(va + g, g));
+  const uint64_t remapped = sig();
+  EXPECT_NE(granted, remapped);
+  // The same access granted again: a change too (the mapping was touched).
+  ASSERT_CU(grant(va + g, g));
+  EXPECT_NE(remapped, sig());
+  EXPECT_CU(cuMemUnmap(va + g, g));
+  EXPECT_EQ(empty, sig()) << "unmapped again: as before any mapping";
+  EXPECT_CU(cuMemRelease(h));
+  EXPECT_CU(cuMemRelease(other));
+  EXPECT_CU(cuMemAddressFree(va, 3 * g));
+}
+
 // cuda.h cuMemMap: "cuMemMap can only create mappings on VA range reservations
 // that are not currently mapped."
 TEST(SimVmm, MapOverExistingMappingIsInvalidValue) {

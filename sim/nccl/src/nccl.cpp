@@ -8,7 +8,6 @@
 // addresses, then every kernel completes. A buffer evicted to host memory is
 // therefore read through the host mapping; a buffer whose mapping changes
 // while the kernel runs is reported (see simnccl.h). docs/nccl.md.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -162,88 +161,14 @@ struct Clique {
 std::mutex g_graveyard_mu;
 std::vector<Clique*>* g_graveyard = new std::vector<Clique*>;
 
-// ---- Mappings: a hash of how [lo, hi) is mapped (backing file, offset,
-// access), read from /proc/self/maps, clipped to the range and with adjacent
-// contiguous pieces merged, so changes outside the range do not count.
-struct Run {
-  bool have = false;
-  uintptr_t lo = 0, hi = 0;
-  uint64_t off = 0, inode = 0, dev = 0;
-  char perms[5] = {};
-  uint64_t h = 0xcbf29ce484222325ull;
-};
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h * 0x100000001b3ull;
-}
-
-void close_run(Run& r) {
-  if (!r.have) return;
-  uint64_t p = 0;
-  std::memcpy(&p, r.perms, 4);
-  r.h = mix(mix(mix(mix(mix(mix(r.h, r.lo), r.hi), r.off), r.inode), r.dev), p);
-  r.have = false;
-}
-
-void parse_line(const char* line, const std::vector<Range>& ranges, std::vector<Run>& runs) {
-  unsigned long long start, end, off, inode;
-  unsigned maj, min;
-  char perms[5] = {};
-  if (std::sscanf(line, "%llx-%llx %4s %llx %x:%x %llu", &start, &end, perms, &off, &maj, &min,
-                  &inode) != 7)
-    return;
-  const uint64_t dev = (static_cast<uint64_t>(maj) << 32) | min;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    const uintptr_t a = std::max<uintptr_t>(start, ranges[i].lo);
-    const uintptr_t b = std::min<uintptr_t>(end, ranges[i].hi);
-    if (a >= b) continue;
-    const uint64_t o = off + (a - start);
-    Run& r = runs[i];
-    if (r.have && a == r.hi && inode == r.inode && dev == r.dev &&
-        std::memcmp(perms, r.perms, 4) == 0 && o == r.off + (r.hi - r.lo)) {
-      r.hi = b;
-      continue;
-    }
-    close_run(r);
-    r.have = true;
-    r.lo = a;
-    r.hi = b;
-    r.off = o;
-    r.inode = inode;
-    r.dev = dev;
-    std::memcpy(r.perms, perms, 4);
-  }
-}
-
-// Called from the kernel: owns nothing that needs a destructor when it
-// returns (the vectors are the launch's).
-void mapping_hashes(const std::vector<Range>& ranges, std::vector<uint64_t>& out) {
-  std::vector<Run> runs(ranges.size());
-  const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char buf[8192], line[512];
-    size_t len = 0;
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n <= 0) break;
-      for (ssize_t i = 0; i < n; ++i) {
-        if (buf[i] != '\n') {
-          if (len + 1 < sizeof line) line[len++] = buf[i];
-          continue;
-        }
-        line[len] = '\0';
-        parse_line(line, ranges, runs);
-        len = 0;
-      }
-    }
-    ::close(fd);
-  }
+// ---- Mappings: the simulator's signature of each range's mappings
+// (simcuda.h), taken under its lock. (Reading /proc/self/maps instead is
+// not atomic: a mapping changed elsewhere between two reads can repeat or
+// drop a line, and the check then reports a change that did not happen.)
+void mapping_signatures(const std::vector<Range>& ranges, std::vector<uint64_t>& out) {
   out.resize(ranges.size());
-  for (size_t i = 0; i < runs.size(); ++i) {
-    close_run(runs[i]);
-    out[i] = runs[i].h;
-  }
+  for (size_t i = 0; i < ranges.size(); ++i)
+    out[i] = simcuda_mapping_signature(ranges[i].lo, ranges[i].hi - ranges[i].lo);
 }
 
 // ---- The data movement, done by the last participant to arrive.
@@ -321,7 +246,7 @@ void kernel(const void* params, size_t, const simcuda_launch_info*, void*) {
   Launch* l = nullptr;
   std::memcpy(&l, params, sizeof l);
   Settings& cfg = settings();
-  if (cfg.check_mappings) mapping_hashes(l->ranges, l->before);
+  if (cfg.check_mappings) mapping_signatures(l->ranges, l->before);
   if (uint64_t us = cfg.delay_us.load(std::memory_order_relaxed))
     std::this_thread::sleep_for(std::chrono::microseconds(us));
   // Arrive everywhere first (a group's sends and receives may be matched in
@@ -357,7 +282,7 @@ void kernel(const void* params, size_t, const simcuda_launch_info*, void*) {
     }
   }
   if (cfg.check_mappings) {
-    mapping_hashes(l->ranges, l->after);
+    mapping_signatures(l->ranges, l->after);
     for (size_t i = 0; i < l->ranges.size(); ++i) {
       if (l->before[i] == l->after[i]) continue;
       g_mapping_changes.fetch_add(1, std::memory_order_relaxed);
