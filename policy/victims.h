@@ -1,8 +1,7 @@
-// Which resident blocks to evict. A pure decision over what the allocator
-// reports: no CUDA, no threads, no I/O. Until access tracking exists the only
-// signal is the allocation/free order, so the default is least recently used;
-// the learned schedule of design.md section 7 will implement the same
-// interface.
+// Which resident blocks to evict, and which evicted ones to bring back ahead
+// of use. A pure decision over what the allocator reports: no CUDA, no
+// threads (the allocator calls under its lock), no I/O. LruChooser here;
+// the learned schedule of design.md section 7 in schedule.h.
 #pragma once
 
 #include <cstddef>
@@ -34,9 +33,18 @@ class VictimChooser {
   // Every access to a block that may be evicted, in launch order, before the
   // work is queued. LRU needs none of it (the allocator keeps its ticks).
   virtual void on_access(const Access&) {}
+  // A block that may be evicted is allocated or freed; a training step ends
+  // (spillway_mark_step).
+  virtual void on_alloc(uint64_t /*id*/) {}
+  virtual void on_free(uint64_t /*id*/) {}
+  virtual void on_step() {}
   // Picks blocks whose eviction frees at least `need` bytes, in the order to
   // evict them; fewer if the candidates do not add up to `need`.
   virtual std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) = 0;
+  // Live blocks predicted to be used within the next `launches` launches,
+  // soonest first: what to bring back ahead of use. None without a
+  // prediction.
+  virtual std::vector<uint64_t> upcoming(size_t /*launches*/) { return {}; }
 };
 
 // Least recently used first.

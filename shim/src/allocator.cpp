@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "log.h"
+#include "schedule.h"
 
 namespace spillway {
 
@@ -159,7 +160,7 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
               p.location.id = numa >= 0 ? numa : 0;
               return p;
             }()),
-      chooser_(o.chooser ? o.chooser : std::make_shared<policy::LruChooser>()) {}
+      chooser_(o.chooser ? o.chooser : std::make_shared<policy::ScheduleChooser>()) {}
 
 void Allocator::stop_background() {
   if (!bg_.joinable()) return;
@@ -254,6 +255,7 @@ void Allocator::note_live(Block* b, size_t size, CUstream stream) {
   b->stream = stream;
   b->last_use = ++tick_;
   live_[b->ptr] = b;
+  if (b->large) chooser_->on_alloc(b->ptr);
   s_.live_bytes += size;
   s_.peak_live_bytes = std::max(s_.peak_live_bytes, s_.live_bytes);
   ++s_.mallocs;
@@ -561,6 +563,7 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
     return;
   }
   live_.erase(b->ptr);
+  if (b->large) chooser_->on_free(b->ptr);
   b->live = false;
   b->holds = 0;
   s_.live_bytes -= b->size;
@@ -1036,6 +1039,11 @@ void Allocator::release(const Touch* touches, size_t n) {
   std::lock_guard lk(mu_);
   for_each_block(
       touches, n, [](Block* b) { b->holds -= b->holds > 0 ? 1 : 0; }, [](Block*) {});
+}
+
+void Allocator::mark_step() {
+  std::lock_guard lk(mu_);
+  chooser_->on_step();
 }
 
 void Allocator::notify_memory() {

@@ -72,7 +72,8 @@ struct AllocatorOptions {
   std::function<void()> before_swap;
   // Told of every transfer and change of memory held (may be null).
   Observer* observer = nullptr;
-  // The eviction policy (null: least recently used); told of every access.
+  // The eviction policy (null: the learned schedule, policy/schedule.h);
+  // told of every allocation, free, access and step of large blocks.
   std::shared_ptr<policy::VictimChooser> chooser;
 };
 
@@ -114,6 +115,9 @@ class Allocator final : public AccessSink {
 
   enum class Residency { kUnknown, kDevice, kEvicting, kHost };
   Residency residency(const void* ptr);
+
+  // A training step ended (spillway_mark_step): the policy's schedule turns.
+  void mark_step();
 
   Stats stats();
   // Stops the background eviction thread (at exit: it must not outlive the

@@ -59,6 +59,16 @@ std::string set_min_block(const std::string& v, Config* c) {
   return {};
 }
 
+std::string set_policy(const std::string& v, Config* c) {
+  if (v == "schedule")
+    c->policy = Policy::kSchedule;
+  else if (v == "lru")
+    c->policy = Policy::kLru;
+  else
+    return "schedule (learn each step's accesses, evict the block used furthest ahead) or lru";
+  return {};
+}
+
 std::string set_log_level(const std::string& v, Config* c) {
   static constexpr std::pair<const char*, LogLevel> kLevels[] = {
       {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
@@ -128,6 +138,7 @@ const std::vector<Variable>& variables() {
       {"SPILLWAY_GPU_BUDGET", set_gpu_budget},
       {"SPILLWAY_HOST_BUDGET", set_host_budget},
       {"SPILLWAY_MIN_BLOCK", set_min_block},
+      {"SPILLWAY_POLICY", set_policy},
       {"SPILLWAY_LOG_LEVEL", set_log_level},
       {"SPILLWAY_LOG_FILE", set_log_file},
       {"SPILLWAY_STATS", set_stats_file},

@@ -12,6 +12,7 @@
 namespace spillway {
 
 enum class Mode { kHost, kManaged, kOff };
+enum class Policy { kSchedule, kLru };
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
 // A size given as bytes or as a fraction of a total known only later
@@ -30,6 +31,7 @@ struct Config {
   SizeSpec gpu_budget;   // unset: device memory less the default headroom
   SizeSpec host_budget;  // unset: half of physical host memory
   uint64_t min_block = 1ull << 20;
+  Policy policy = Policy::kSchedule;  // SPILLWAY_POLICY
   LogLevel log_level = LogLevel::kInfo;
   std::string log_file;     // empty: stderr
   std::string stats_file;   // SPILLWAY_STATS

@@ -213,6 +213,7 @@ Allocator* Runtime::allocator(int device) {
   o.managed = cfg_.mode == Mode::kManaged;
   // Evicting ahead of need is safe only when every access is seen.
   o.background = tracker_ != nullptr;
+  if (cfg_.policy == Policy::kLru) o.chooser = std::make_shared<policy::LruChooser>();
   o.observer = sites_ ? static_cast<Observer*>(sites_.get()) : trace_.get();
   o.gpu_budget = cfg_.mode == Mode::kOff ? 0
                  : cfg_.gpu_budget.set   ? cfg_.gpu_budget.resolve(total)
@@ -236,6 +237,14 @@ Allocator* Runtime::allocator(int device) {
     }
   }
   return allocators_[i].get();
+}
+
+void Runtime::mark_step() {
+  const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (recorder_) recorder_->on_step(next);
+  const size_t n = active_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i)
+    if (Allocator* a = active_[i].load(std::memory_order_acquire)) a->mark_step();
 }
 
 Stats Runtime::stats() {

@@ -32,10 +32,9 @@ class Runtime final : public AccessSink {
 
   Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
   Stats stats();
-  void mark_step() {
-    const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (recorder_) recorder_->on_step(next);
-  }
+  // A training step ended: the recorder writes a marker, each allocator's
+  // policy turns its schedule.
+  void mark_step();
   // SPILLWAY_RECORD's writer, or null.
   Recorder* recorder() { return recorder_.get(); }
   // SPILLWAY_STACKS's call sites, or null.

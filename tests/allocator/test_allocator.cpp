@@ -507,6 +507,78 @@ TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
 // Contract 3: a block used on another stream is not reused until that
 // stream's work on it is done. The access tracker reports such uses through
 // note_use (PyTorch's record_stream never reaches a pluggable allocator).
+// The learned schedule (policy/schedule.h, the default policy) in the
+// allocator: each step allocates A, B, C (the budget holds three), uses
+// A B C A, then allocates D, which needs room, and uses D C B A. Least recent
+// use evicts B for D; the schedule, from the second step on, knows B is used
+// before A and evicts A. The bytes are checked throughout.
+class ScheduleTest : public AllocatorTest {
+ protected:
+  // One step; returns the block the allocation of D evicted (0 if none).
+  uintptr_t step(Allocator& a, uint64_t step_no) {
+    const uint64_t first = observed_.transfers.size();
+    void* blk[4] = {};
+    auto use = [&](int i) {
+      const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
+      const spillway::Touch t{lo, lo + kSize};
+      spillway::Access acc;
+      acc.seq = ++seq_;
+      a.before_use(acc, &t, 1);
+      check(blk[i], kSize, seed(step_no, i), nullptr);
+    };
+    auto make = [&](int i) {
+      blk[i] = a.malloc(kSize, nullptr);
+      EXPECT_NE(nullptr, blk[i]);
+      const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
+      const spillway::Touch t{lo, lo + kSize};
+      spillway::Access acc;
+      acc.seq = ++seq_;
+      a.before_use(acc, &t, 1);
+      fill(blk[i], kSize, seed(step_no, i), nullptr);
+    };
+    for (int i : {0, 1, 2}) make(i);
+    for (int i : {0, 1, 2, 0}) use(i);
+    make(3);
+    for (int i : {3, 2, 1, 0}) use(i);
+    EXPECT_EQ(0u, mismatches());
+    uintptr_t evicted = 0;
+    {
+      std::lock_guard lk(observed_.mu);
+      for (size_t i = first; i < observed_.transfers.size(); ++i)
+        if (observed_.transfers[i].to_host && !evicted) evicted = observed_.transfers[i].ptr;
+    }
+    // Which of A, B, C it was, by position (addresses are reused).
+    uintptr_t which = 0;
+    for (int i : {0, 1, 2})
+      if (reinterpret_cast<uintptr_t>(blk[i]) == evicted) which = 'A' + static_cast<uintptr_t>(i);
+    for (void* p : blk) a.free(p, kSize, nullptr);
+    a.mark_step();
+    return which;
+  }
+  static uint64_t seed(uint64_t step, int i) { return 7000 + step * 10 + static_cast<uint64_t>(i); }
+  static constexpr size_t kSize = 4 * MiB;
+  uint64_t seq_ = 0;
+};
+
+TEST_F(ScheduleTest, FromTheSecondStepTheBlockUsedFurthestAheadIsEvicted) {
+  auto a = make(3 * kSize);
+  EXPECT_EQ('B', step(*a, 0)) << "no schedule yet: least recently used";
+  EXPECT_EQ('A', step(*a, 1));
+  EXPECT_EQ('A', step(*a, 2));
+}
+
+TEST_F(ScheduleTest, LeastRecentlyUsedOnRequestEvictsTheSameBlockEveryStep) {
+  AllocatorOptions o;
+  o.gpu_budget = 3 * kSize;
+  o.host_budget = 1ull << 30;
+  o.observer = &observed_;
+  o.chooser = std::make_shared<spillway::policy::LruChooser>();
+  std::string why;
+  auto a = Allocator::create(*driver_, o, &why);
+  ASSERT_NE(nullptr, a) << why;
+  for (uint64_t s = 0; s < 3; ++s) EXPECT_EQ('B', step(*a, s)) << s;
+}
+
 class JitteredUsersTest : public AllocatorTest {
   void configure() override { setenv("SIMCUDA_JITTER", "777", 1); }
 

@@ -161,6 +161,13 @@ TEST(ShimConfig, ModeInvalidRefused) {
     refused("SPILLWAY_MODE", v, "host, managed or off");
 }
 
+TEST(ShimConfig, PolicyScheduleByDefaultLruOnRequestAndBadValuesRefused) {
+  EXPECT_EQ(parse({}).cfg->policy, spillway::Policy::kSchedule);
+  EXPECT_EQ(accepted("SPILLWAY_POLICY", "lru").policy, spillway::Policy::kLru);
+  EXPECT_EQ(accepted("SPILLWAY_POLICY", "schedule").policy, spillway::Policy::kSchedule);
+  for (const char* v : {"", "LRU", "belady", "schedule "}) refused("SPILLWAY_POLICY", v, "or lru");
+}
+
 TEST(ShimConfig, BudgetSizesAccepted) {
   for (const char* var : kSizeVars) {
     for (const SizeCase& c : kValidSizes) {

@@ -1,0 +1,79 @@
+// The learned schedule of design.md section 7: training repeats, so the
+// accesses of the step just ended predict those of the current one. Each
+// step's accesses are recorded by launch index (counted from the step's
+// start), per block, and a block of the current step finds its predecessor:
+// - a block allocated during the step is the same as the one allocated at the
+//   same position (its allocation ordinal) in the previous step: activations
+//   are made in the same order each step, even when their sizes change;
+// - a block that lives across steps (weights, optimizer state) is itself.
+// Victims are chosen furthest predicted next use first (Belady); before a
+// step has been seen, or for a block with no predecessor, by least recent
+// use. A prediction is only ever a preference: a wrong one costs a transfer,
+// never a byte (the allocator restores whatever is used).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "victims.h"
+
+namespace spillway::policy {
+
+class ScheduleChooser final : public VictimChooser {
+ public:
+  void on_alloc(uint64_t id) override;
+  void on_free(uint64_t id) override;
+  void on_step() override;
+  void on_access(const Access& a) override;
+  std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) override;
+  std::vector<uint64_t> upcoming(size_t launches) override;
+
+  // Launches from now to the block's next predicted use. For a block made in
+  // this step whose predecessor was used no more: kNever (it will likely be
+  // freed first). For one that lives across steps: its first use in the next
+  // step. kUnknown without a predecessor or before a step was seen.
+  static constexpr uint64_t kNever = UINT64_MAX;
+  static constexpr uint64_t kUnknown = UINT64_MAX - 1;
+  uint64_t next_use(uint64_t id) const;
+  bool learned() const { return have_prev_; }
+
+ private:
+  // How a block is known across steps.
+  struct Key {
+    bool carried;     // lived across a step boundary: known by its id
+    uint64_t number;  // its id, or its allocation ordinal in its step
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return k.number * 0x9E3779B97F4A7C15ull ^ k.carried; }
+  };
+  // One step's launch indices of every block's uses, in order.
+  using Uses = std::unordered_map<Key, std::vector<uint32_t>, KeyHash>;
+  // One step's accesses in launch order, for upcoming().
+  struct Event {
+    uint32_t launch;
+    Key key;
+  };
+
+  uint32_t now() const { return static_cast<uint32_t>(last_launch_ - step_start_); }
+  const std::vector<uint32_t>* predecessor_uses(const Key& k) const;
+
+  struct Live {
+    Key key;
+    uint64_t last_launch;  // its latest use (or its allocation)
+  };
+  std::unordered_map<uint64_t, Live> live_;            // by block id
+  std::unordered_map<Key, uint64_t, KeyHash> by_key_;  // live blocks, the other way
+  uint64_t ordinal_ = 0;                               // allocations so far in this step
+  uint32_t prev_len_ = 0;                              // launches in the previous step
+  Uses cur_, prev_;
+  std::vector<Event> cur_events_, prev_events_;
+  size_t cursor_ = 0;  // prev_events_ before now()
+  bool have_prev_ = false;
+  uint64_t step_start_ = 0;   // launch sequence number when the step began
+  uint64_t last_launch_ = 0;  // latest launch sequence number seen
+};
+
+}  // namespace spillway::policy

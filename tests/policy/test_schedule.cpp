@@ -1,0 +1,159 @@
+// policy::ScheduleChooser: the learned step schedule (policy/schedule.h),
+// fed events as the allocator feeds them, without CUDA.
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <vector>
+
+#include "schedule.h"
+
+using spillway::policy::Access;
+using spillway::policy::Candidate;
+using spillway::policy::ScheduleChooser;
+
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+
+// Feeds launches in order: each touches the listed blocks.
+class Feeder {
+ public:
+  explicit Feeder(ScheduleChooser& c) : c_(c) {}
+  void launch(std::initializer_list<uint64_t> blocks) {
+    ++seq_;
+    for (uint64_t b : blocks) c_.on_access({b, kMiB, 1, seq_, "k"});
+  }
+
+ private:
+  ScheduleChooser& c_;
+  uint64_t seq_ = 0;
+};
+
+std::vector<Candidate> candidates(std::initializer_list<uint64_t> ids) {
+  std::vector<Candidate> c;
+  uint64_t tick = 0;
+  for (uint64_t id : ids) c.push_back({id, kMiB, ++tick});  // in the order given: oldest first
+  return c;
+}
+
+}  // namespace
+
+// Before a step has ended there is nothing to predict from: least recently
+// used first.
+TEST(ScheduleChooser, BeforeAStepEndsItChoosesLeastRecentlyUsed) {
+  ScheduleChooser c;
+  Feeder f(c);
+  for (uint64_t id : {1, 2, 3}) c.on_alloc(id);
+  f.launch({1});
+  f.launch({2});
+  f.launch({3});
+  EXPECT_FALSE(c.learned());
+  EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(1));
+  EXPECT_EQ(std::vector<uint64_t>({1}), c.choose(candidates({1, 2, 3}), kMiB));
+  EXPECT_TRUE(c.upcoming(100).empty());
+}
+
+// Step 0 uses A B C A B; in step 1 (new blocks, new ids, same allocation
+// order), after A B C, A is needed before B: Belady evicts B, where least
+// recent use would evict A.
+TEST(ScheduleChooser, EvictsTheBlockUsedFurthestAheadInTheLearnedStep) {
+  ScheduleChooser c;
+  Feeder f(c);
+  for (uint64_t id : {10, 20, 30}) c.on_alloc(id);
+  f.launch({10});
+  f.launch({20});
+  f.launch({30});
+  f.launch({10});
+  f.launch({20});
+  for (uint64_t id : {10, 20, 30}) c.on_free(id);
+  c.on_step();
+  ASSERT_TRUE(c.learned());
+  for (uint64_t id : {11, 21, 31}) c.on_alloc(id);
+  f.launch({11});
+  f.launch({21});
+  f.launch({31});
+  EXPECT_EQ(1u, c.next_use(11));
+  EXPECT_EQ(2u, c.next_use(21));
+  EXPECT_EQ(ScheduleChooser::kNever, c.next_use(31)) << "C is not used again in the step";
+  EXPECT_EQ(std::vector<uint64_t>({21}), c.choose(candidates({11, 21}), kMiB));
+  EXPECT_EQ(std::vector<uint64_t>({31, 21}), c.choose(candidates({11, 21, 31}), 2 * kMiB));
+  // Coming up within 2 launches: A, then B (soonest first).
+  EXPECT_EQ(std::vector<uint64_t>({11, 21}), c.upcoming(2));
+  EXPECT_EQ(std::vector<uint64_t>({11}), c.upcoming(1));
+  // Once A has been used, it is not coming up any more; a freed block never is.
+  f.launch({11});
+  c.on_free(21);
+  EXPECT_TRUE(c.upcoming(10).empty());
+}
+
+// Weights are made once, in step 0, and live on: in step 1 they are known by
+// their own ids, and the activations made in step 1 line up with those of
+// step 0 although step 0 also made the weights.
+TEST(ScheduleChooser, BlocksLivingAcrossStepsAreThemselvesAndTheOthersLineUp) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(100);  // a weight
+  c.on_alloc(1);    // activation 0
+  c.on_alloc(2);    // activation 1
+  f.launch({100, 1});
+  f.launch({2});
+  f.launch({1});
+  f.launch({100, 2});
+  c.on_free(1);
+  c.on_free(2);
+  c.on_step();
+  c.on_alloc(3);  // activation 0 of step 1
+  c.on_alloc(4);  // activation 1
+  f.launch({100, 3});
+  EXPECT_EQ(2u, c.next_use(3)) << "as activation 0: used again 2 launches later";
+  EXPECT_EQ(3u, c.next_use(100)) << "the weight: at the step's 4th launch";
+  EXPECT_EQ(1u, c.next_use(4)) << "as activation 1: first used at the step's 2nd launch";
+  f.launch({4});
+  f.launch({3});
+  f.launch({100, 4});
+  // Past its last use in the step, a block that lives across steps comes
+  // back at its first use in the next step; a step's own block never does.
+  EXPECT_EQ(1u, c.next_use(100));
+  EXPECT_EQ(ScheduleChooser::kNever, c.next_use(3));
+}
+
+// A block with no match (the step made more blocks than the last one) has
+// no prediction: it ranks by how long it has gone unused, among the others.
+TEST(ScheduleChooser, ABlockWithoutAMatchRanksByHowLongItHasGoneUnused) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(1);
+  f.launch({1});
+  f.launch({1});
+  c.on_free(1);
+  c.on_step();
+  c.on_alloc(2);   // matches 1
+  c.on_alloc(99);  // no match
+  f.launch({99});
+  for (int i = 0; i < 5; ++i) f.launch({});
+  f.launch({2});
+  EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(99));
+  // Its predecessor's uses (launches 1 and 2) are all behind.
+  EXPECT_EQ(ScheduleChooser::kNever, c.next_use(2));
+  EXPECT_EQ(std::vector<uint64_t>({2}), c.choose(candidates({99, 2}), kMiB));
+}
+
+// A freed id reused for a new allocation is a new block, at a new position.
+TEST(ScheduleChooser, AReusedIdIsANewBlock) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(7);
+  c.on_alloc(8);
+  f.launch({7});
+  f.launch({8});
+  f.launch({8});
+  f.launch({7});
+  c.on_free(7);
+  c.on_free(8);
+  c.on_step();
+  c.on_alloc(8);  // position 0: the block 7 was
+  c.on_alloc(7);  // position 1
+  f.launch({8});
+  EXPECT_EQ(3u, c.next_use(8));
+  EXPECT_EQ(1u, c.next_use(7));
+}
