@@ -518,22 +518,22 @@ class ScheduleTest : public AllocatorTest {
   uintptr_t step(Allocator& a, uint64_t step_no) {
     const uint64_t first = observed_.transfers.size();
     void* blk[4] = {};
-    auto use = [&](int i) {
+    // What the access tracker does before a launch that touches block i.
+    auto touch = [&](int i) {
       const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
       const spillway::Touch t{lo, lo + kSize};
       spillway::Access acc;
       acc.seq = ++seq_;
       a.before_use(acc, &t, 1);
+    };
+    auto use = [&](int i) {
+      touch(i);
       check(blk[i], kSize, seed(step_no, i), nullptr);
     };
     auto make = [&](int i) {
       blk[i] = a.malloc(kSize, nullptr);
       EXPECT_NE(nullptr, blk[i]);
-      const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
-      const spillway::Touch t{lo, lo + kSize};
-      spillway::Access acc;
-      acc.seq = ++seq_;
-      a.before_use(acc, &t, 1);
+      touch(i);
       fill(blk[i], kSize, seed(step_no, i), nullptr);
     };
     for (int i : {0, 1, 2}) make(i);
