@@ -5,17 +5,11 @@
 namespace spillway::policy {
 
 void ScheduleChooser::on_alloc(uint64_t id) {
-  const Key k{false, ordinal_++};
-  if (auto it = live_.find(id); it != live_.end()) by_key_.erase(it->second.key);
-  live_[id] = {k, last_launch_};
-  by_key_[k] = id;
+  live_[id] = {Key{false, ordinal_++}, last_launch_};
 }
 
 void ScheduleChooser::on_free(uint64_t id) {
-  auto it = live_.find(id);
-  if (it == live_.end()) return;
-  by_key_.erase(it->second.key);
-  live_.erase(it);
+  live_.erase(id);
 }
 
 void ScheduleChooser::on_access(const Access& a) {
@@ -23,16 +17,19 @@ void ScheduleChooser::on_access(const Access& a) {
   auto it = live_.find(a.block);
   if (it == live_.end()) {
     // Not seen allocated (made before this chooser): known by its id.
-    const Key k{true, a.block};
-    it = live_.emplace(a.block, Live{k, last_launch_}).first;
-    by_key_[k] = a.block;
+    it = live_.emplace(a.block, Live{Key{true, a.block}, last_launch_}).first;
   }
   it->second.last_launch = a.launch;
   const uint32_t at = static_cast<uint32_t>(a.launch - std::min(a.launch, step_start_));
+  if (!recording_) return;
   std::vector<uint32_t>& uses = cur_[it->second.key];
-  if (uses.empty() || uses.back() != at) {
-    uses.push_back(at);
-    cur_events_.push_back({at, it->second.key});
+  if (!uses.empty() && uses.back() == at) return;
+  uses.push_back(at);
+  if (++recorded_ > kMaxUses) {
+    // A step this long (or a job that never marks steps) is not learned:
+    // memory stays bounded, and victims go by least recent use.
+    cur_.clear();
+    recording_ = false;
   }
 }
 
@@ -48,13 +45,11 @@ void ScheduleChooser::on_step() {
   for (auto& [id, l] : live_) {
     if (l.key.carried) continue;
     const Key now_carried{true, id};
-    if (auto u = cur_.find(l.key); u != cur_.end()) {
-      cur_[now_carried] = std::move(u->second);
-      cur_.erase(l.key);  // (u is invalid after the insertion above)
+    if (auto node = cur_.extract(l.key)) {
+      node.key() = now_carried;
+      cur_.insert(std::move(node));
     }
     carried[l.key.number] = true;
-    by_key_.erase(l.key);
-    by_key_[now_carried] = id;
     l.key = now_carried;
   }
   uint64_t next = 0;
@@ -67,21 +62,12 @@ void ScheduleChooser::on_step() {
     prev_[rekey(k)] = std::move(uses);
   }
   cur_.clear();
-  prev_events_.clear();
-  for (const Event& e : cur_events_)
-    if (!e.key.carried && !carried[e.key.number]) prev_events_.push_back({e.launch, rekey(e.key)});
-  // The carried blocks' events (their keys may have changed above).
-  for (const auto& [k, uses] : prev_)
-    if (k.carried)
-      for (uint32_t at : uses) prev_events_.push_back({at, k});
-  std::stable_sort(prev_events_.begin(), prev_events_.end(),
-                   [](const Event& a, const Event& b) { return a.launch < b.launch; });
-  cur_events_.clear();
+  have_prev_ = recording_;
+  recording_ = true;
+  recorded_ = 0;
   prev_len_ = now();
   step_start_ = last_launch_;
   ordinal_ = 0;
-  cursor_ = 0;
-  have_prev_ = true;
 }
 
 const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) const {
@@ -129,19 +115,6 @@ std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t n
     if (freed >= need) break;
     out.push_back(x.c->id);
     freed += x.c->bytes;
-  }
-  return out;
-}
-
-std::vector<uint64_t> ScheduleChooser::upcoming(size_t launches) {
-  std::vector<uint64_t> out;
-  if (!have_prev_) return out;
-  const uint32_t t = now();
-  while (cursor_ < prev_events_.size() && prev_events_[cursor_].launch <= t) ++cursor_;
-  for (size_t i = cursor_; i < prev_events_.size() && prev_events_[i].launch <= t + launches; ++i) {
-    auto it = by_key_.find(prev_events_[i].key);
-    if (it == by_key_.end()) continue;
-    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
   }
   return out;
 }

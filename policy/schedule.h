@@ -28,7 +28,6 @@ class ScheduleChooser final : public VictimChooser {
   void on_step() override;
   void on_access(const Access& a) override;
   std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) override;
-  std::vector<uint64_t> upcoming(size_t launches) override;
 
   // Launches from now to the block's next predicted use. For a block made in
   // this step whose predecessor was used no more: kNever (it will likely be
@@ -38,6 +37,10 @@ class ScheduleChooser final : public VictimChooser {
   static constexpr uint64_t kUnknown = UINT64_MAX - 1;
   uint64_t next_use(uint64_t id) const;
   bool learned() const { return have_prev_; }
+  // Uses recorded in the current step; past kMaxUses the step is not
+  // learned (what bounds memory in a job that never marks a step).
+  static constexpr size_t kMaxUses = size_t{1} << 23;
+  size_t recorded() const { return recording_ ? recorded_ : 0; }
 
  private:
   // How a block is known across steps.
@@ -51,11 +54,6 @@ class ScheduleChooser final : public VictimChooser {
   };
   // One step's launch indices of every block's uses, in order.
   using Uses = std::unordered_map<Key, std::vector<uint32_t>, KeyHash>;
-  // One step's accesses in launch order, for upcoming().
-  struct Event {
-    uint32_t launch;
-    Key key;
-  };
 
   uint32_t now() const { return static_cast<uint32_t>(last_launch_ - step_start_); }
   const std::vector<uint32_t>* predecessor_uses(const Key& k) const;
@@ -64,14 +62,13 @@ class ScheduleChooser final : public VictimChooser {
     Key key;
     uint64_t last_launch;  // its latest use (or its allocation)
   };
-  std::unordered_map<uint64_t, Live> live_;            // by block id
-  std::unordered_map<Key, uint64_t, KeyHash> by_key_;  // live blocks, the other way
-  uint64_t ordinal_ = 0;                               // allocations so far in this step
-  uint32_t prev_len_ = 0;                              // launches in the previous step
+  std::unordered_map<uint64_t, Live> live_;  // by block id
+  uint64_t ordinal_ = 0;                     // allocations so far in this step
+  uint32_t prev_len_ = 0;                    // launches in the previous step
   Uses cur_, prev_;
-  std::vector<Event> cur_events_, prev_events_;
-  size_t cursor_ = 0;  // prev_events_ before now()
   bool have_prev_ = false;
+  bool recording_ = true;
+  size_t recorded_ = 0;
   uint64_t step_start_ = 0;   // launch sequence number when the step began
   uint64_t last_launch_ = 0;  // latest launch sequence number seen
 };

@@ -1,5 +1,4 @@
-// Which resident blocks to evict, and which evicted ones to bring back ahead
-// of use. A pure decision over what the allocator reports: no CUDA, no
+// Which resident blocks to evict. A pure decision over what the allocator reports: no CUDA, no
 // threads (the allocator calls under its lock), no I/O. LruChooser here;
 // the learned schedule of design.md section 7 in schedule.h.
 #pragma once
@@ -41,10 +40,6 @@ class VictimChooser {
   // Picks blocks whose eviction frees at least `need` bytes, in the order to
   // evict them; fewer if the candidates do not add up to `need`.
   virtual std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) = 0;
-  // Live blocks predicted to be used within the next `launches` launches,
-  // soonest first: what to bring back ahead of use. None without a
-  // prediction.
-  virtual std::vector<uint64_t> upcoming(size_t /*launches*/) { return {}; }
 };
 
 // Least recently used first.

@@ -50,7 +50,6 @@ TEST(ScheduleChooser, BeforeAStepEndsItChoosesLeastRecentlyUsed) {
   EXPECT_FALSE(c.learned());
   EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(1));
   EXPECT_EQ(std::vector<uint64_t>({1}), c.choose(candidates({1, 2, 3}), kMiB));
-  EXPECT_TRUE(c.upcoming(100).empty());
 }
 
 // Step 0 uses A B C A B; in step 1 (new blocks, new ids, same allocation
@@ -77,13 +76,9 @@ TEST(ScheduleChooser, EvictsTheBlockUsedFurthestAheadInTheLearnedStep) {
   EXPECT_EQ(ScheduleChooser::kNever, c.next_use(31)) << "C is not used again in the step";
   EXPECT_EQ(std::vector<uint64_t>({21}), c.choose(candidates({11, 21}), kMiB));
   EXPECT_EQ(std::vector<uint64_t>({31, 21}), c.choose(candidates({11, 21, 31}), 2 * kMiB));
-  // Coming up within 2 launches: A, then B (soonest first).
-  EXPECT_EQ(std::vector<uint64_t>({11, 21}), c.upcoming(2));
-  EXPECT_EQ(std::vector<uint64_t>({11}), c.upcoming(1));
-  // Once A has been used, it is not coming up any more; a freed block never is.
+  // Once A has been used again, it is not used any more in the step.
   f.launch({11});
-  c.on_free(21);
-  EXPECT_TRUE(c.upcoming(10).empty());
+  EXPECT_EQ(ScheduleChooser::kNever, c.next_use(11));
 }
 
 // Weights are made once, in step 0, and live on: in step 1 they are known by
@@ -156,4 +151,26 @@ TEST(ScheduleChooser, AReusedIdIsANewBlock) {
   f.launch({8});
   EXPECT_EQ(3u, c.next_use(8));
   EXPECT_EQ(1u, c.next_use(7));
+}
+
+// A job that never marks a step records up to kMaxUses uses, then stops:
+// memory stays bounded, victims go by least recent use, and the next step
+// that ends is not learned from (its record is incomplete).
+TEST(ScheduleChooser, AStepTooLongToRecordIsNotLearned) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(1);
+  c.on_alloc(2);
+  for (size_t i = 0; i < ScheduleChooser::kMaxUses; ++i) f.launch({1});
+  EXPECT_EQ(ScheduleChooser::kMaxUses, c.recorded());
+  f.launch({2});
+  EXPECT_EQ(0u, c.recorded()) << "stopped recording";
+  c.on_step();
+  EXPECT_FALSE(c.learned());
+  EXPECT_EQ(std::vector<uint64_t>({1}), c.choose(candidates({1, 2}), kMiB)) << "LRU";
+  // The next step is recorded again, and learned from.
+  f.launch({1});
+  EXPECT_EQ(1u, c.recorded());
+  c.on_step();
+  EXPECT_TRUE(c.learned());
 }
