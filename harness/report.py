@@ -181,8 +181,17 @@ def integrity(row: dict) -> str:
 
 
 TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
-              "| D2H / H2D MiB | step ms | overhead | lower bound ms | stall ms |\n"
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+              "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+
+
+def last_step_ns(row: dict) -> int | None:
+    """The last step's simulated time, if every step ran: the steady state,
+    after the policy has learned from the steps before it."""
+    steps = row.get("step_times_ns") or []
+    if row.get("oom") or len(steps) != row.get("steps_in_trace"):
+        return None
+    return steps[-1]
 
 
 def table(rows: list[dict]) -> str:
@@ -198,7 +207,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['steps_completed']}/{r['steps_in_trace']} | {oom} | {integrity(r)} "
             f"| {fmt_mib(r['peak_device_bytes'])} / {fmt_mib(r['budget_bytes'])} "
             f"| {fmt_mib(r['bytes_device_to_host'])} / {fmt_mib(r['bytes_host_to_device'])} "
-            f"| {step} | {'-' if ov is None else f'{ov:+.0f}%'} "
+            f"| {step} | {fmt_ms(last_step_ns(r))} | {'-' if ov is None else f'{ov:+.0f}%'} "
             f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} |\n")
     return "".join(out)
 
@@ -212,6 +221,9 @@ trace. *OOM*: an allocation returned NULL (the step it happened in). *peak*:
 device memory the simulator handed out. *D2H / H2D*: bytes the strategy moved
 each way (the trace's own copies excluded). *step ms*: median step, in
 parentheses when the run stopped at an OOM (median of the steps that ran).
+*last step*: the trace's last step, when every step ran: the steady state,
+once spillway's policy has learned the step (with 2 steps, the median is the
+slower, first one).
 *overhead*: median step over the baseline's (strategy none, no memory limit)
 median step. *lower bound*: design.md section 9, median over steps. *stall*:
 sum over steps of the time above the baseline's same step.

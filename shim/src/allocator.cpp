@@ -175,9 +175,26 @@ void Allocator::stop_background() {
 Allocator::~Allocator() {
   InternalCalls internal;
   stop_background();
-  // Managed blocks are separate driver allocations (the VA arena and the
-  // pools release everything else).
+  // Whatever is still queued may use spillway's memory: it finishes first.
+  if (ensure_context()) d_.cuCtxSynchronize();
+  // Managed blocks are separate driver allocations.
   for (auto& [p, b] : managed_blocks_) CU_CALL(d_, cuMemFree, static_cast<CUdeviceptr>(p));
+  // Every mapping in the arena goes, and its memory back to the pools, which
+  // release it; then the arena's range can be freed.
+  std::vector<const Block*> spare(spare_.begin(), spare_.end());
+  std::sort(spare.begin(), spare.end());
+  for (const auto& owned : blocks_) {
+    const Block* b = owned.get();
+    if (!b->large || o_.managed || std::binary_search(spare.begin(), spare.end(), b)) continue;
+    CU_CALL(d_, cuMemUnmap, b->ptr, b->cap);
+    if (b->scratch) CU_CALL(d_, cuMemUnmap, b->scratch, b->cap);
+    if (b->dev) dev_.give(b->dev, b->cap);
+    if (b->host) host_.give(b->host, b->cap);
+  }
+  for (auto& [va, c] : chunks_) {
+    CU_CALL(d_, cuMemUnmap, c->va, c->size);
+    dev_.give(c->handle, c->size);
+  }
 }
 
 Allocator::Block* Allocator::owner_of(uintptr_t p) {

@@ -416,6 +416,37 @@ TEST_F(AllocatorTest, TrueOutOfMemoryReturnsNullAndKeepsEveryByte) {
   EXPECT_NE(nullptr, q);
 }
 
+// RAII: destroying the allocator gives back every byte it took from the
+// driver, live, cached, evicted and small blocks alike, and frees its range
+// (a mapping left behind would keep memory and refuse cuMemAddressFree).
+TEST_F(AllocatorTest, DestroyingTheAllocatorGivesBackEveryByte) {
+  auto used = [] {
+    simcuda_memory_stats ms{};
+    simcuda_get_memory_stats(0, &ms);
+    return std::pair{ms.device_used, ms.host_used};
+  };
+  const auto before = used();
+  {
+    auto a = make(16 * MiB);
+    void* live = a->malloc(4 * MiB, nullptr);
+    void* cached = a->malloc(4 * MiB, nullptr);
+    void* evicted = a->malloc(4 * MiB, nullptr);
+    void* small = a->malloc(4096, nullptr);
+    ASSERT_TRUE(live && cached && evicted && small);
+    fill(evicted, 4 * MiB, 1, nullptr);
+    ASSERT_CU(cuCtxSynchronize());
+    ASSERT_CU(a->evict(evicted));
+    a->free(cached, 4 * MiB, nullptr);
+    EXPECT_GT(used().first, before.first);
+    EXPECT_GT(used().second, before.second);
+    busy(nullptr, 2000);  // still queued when the allocator goes
+  }
+  EXPECT_EQ(before, used());
+  EXPECT_EQ(simcuda_call_count("cuMemCreate"), simcuda_call_count("cuMemRelease"));
+  char buf[256];
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, buf, sizeof buf)) << buf;
+}
+
 TEST_F(AllocatorTest, BadFreesAreRefusedAndChangeNothing) {
   auto a = make(0);
   void* p = a->malloc(3 * MiB, nullptr);

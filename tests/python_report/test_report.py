@@ -87,6 +87,9 @@ def test_report_table_and_plots(tiny, tmp_path):
     for r in rows:
         assert f"| tiny | {r['budget_label']} | {r['strategy']} |" in md
         assert r["integrity_ok"] is True
+        last = report.last_step_ns(r)
+        assert last == (None if r["oom"] else r["step_times_ns"][-1])
+        assert f"| {report.fmt_ms(last)} |" in md
     by = {(r["budget_label"], r["strategy"]): r for r in rows}
     assert by["100%", "none"]["steps_completed"] == 3 and not by["100%", "none"]["oom"]
     assert by["60%", "none"]["oom"]
