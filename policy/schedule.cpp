@@ -5,7 +5,7 @@
 namespace spillway::policy {
 
 void ScheduleChooser::on_alloc(uint64_t id) {
-  live_[id] = {Key{false, ordinal_++}, last_launch_};
+  live_[id] = {Key{}, false, last_launch_};
 }
 
 void ScheduleChooser::on_free(uint64_t id) {
@@ -13,16 +13,28 @@ void ScheduleChooser::on_free(uint64_t id) {
 }
 
 void ScheduleChooser::on_access(const Access& a) {
-  last_launch_ = std::max(last_launch_, a.launch);
-  auto it = live_.find(a.block);
-  if (it == live_.end()) {
-    // Not seen allocated (made before this chooser): known by its id.
-    it = live_.emplace(a.block, Live{Key{true, a.block}, last_launch_}).first;
+  // Position among the blocks this launch touches, in the order reported.
+  if (a.launch != cur_launch_) {
+    cur_launch_ = a.launch;
+    pos_ = 0;
+  } else {
+    ++pos_;
   }
-  it->second.last_launch = a.launch;
+  last_launch_ = std::max(last_launch_, a.launch);
   const uint32_t at = static_cast<uint32_t>(a.launch - std::min(a.launch, step_start_));
+  auto it = live_.find(a.block);
+  if (it == live_.end())  // not seen allocated (made before this chooser)
+    it = live_.emplace(a.block, Live{Key{true, a.block}, true, a.launch}).first;
+  Live& l = it->second;
+  if (!l.keyed) {
+    // Its first use: the launch's index in the step and the block's place in
+    // it name the block in the next step.
+    l.key = Key{false, (uint64_t{at} << 16) | std::min<uint32_t>(pos_, 0xffff)};
+    l.keyed = true;
+  }
+  l.last_launch = a.launch;
   if (!recording_) return;
-  std::vector<uint32_t>& uses = cur_[it->second.key];
+  std::vector<uint32_t>& uses = cur_[l.key];
   if (!uses.empty() && uses.back() == at) return;
   uses.push_back(at);
   if (++recorded_ > kMaxUses) {
@@ -35,39 +47,24 @@ void ScheduleChooser::on_access(const Access& a) {
 
 void ScheduleChooser::on_step() {
   // Blocks still live now live across steps: from here on each is known by
-  // its id, and its uses in the step move to that key. The ordinals of the
-  // others close ranks, so that the next step's allocations, which will not
-  // include these (weights and their gradients are made once), line up with
-  // this step's.
-  std::vector<uint64_t> renumber(ordinal_);
-  for (uint64_t i = 0; i < ordinal_; ++i) renumber[i] = i;
-  std::vector<bool> carried(ordinal_, false);
+  // its id, and its uses in the step move to that key.
   for (auto& [id, l] : live_) {
-    if (l.key.carried) continue;
-    const Key now_carried{true, id};
-    if (auto node = cur_.extract(l.key)) {
-      node.key() = now_carried;
+    if (l.keyed && l.key.carried) continue;
+    const Key carried{true, id};
+    if (auto node = l.keyed ? cur_.extract(l.key) : decltype(cur_)::node_type{}) {
+      node.key() = carried;
       cur_.insert(std::move(node));
     }
-    carried[l.key.number] = true;
-    l.key = now_carried;
+    l.key = carried;
+    l.keyed = true;
   }
-  uint64_t next = 0;
-  for (uint64_t i = 0; i < ordinal_; ++i)
-    if (!carried[i]) renumber[i] = next++;
-  auto rekey = [&](const Key& k) -> Key { return k.carried ? k : Key{false, renumber[k.number]}; };
-  prev_.clear();
-  for (auto& [k, uses] : cur_) {
-    if (!k.carried && carried[k.number]) continue;  // moved above
-    prev_[rekey(k)] = std::move(uses);
-  }
+  prev_ = std::move(cur_);
   cur_.clear();
   have_prev_ = recording_;
   recording_ = true;
   recorded_ = 0;
   prev_len_ = now();
   step_start_ = last_launch_;
-  ordinal_ = 0;
 }
 
 const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) const {
@@ -78,7 +75,7 @@ const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) con
 uint64_t ScheduleChooser::next_use(uint64_t id) const {
   if (!have_prev_) return kUnknown;
   auto it = live_.find(id);
-  if (it == live_.end()) return kUnknown;
+  if (it == live_.end() || !it->second.keyed) return kUnknown;
   const std::vector<uint32_t>* uses = predecessor_uses(it->second.key);
   if (!uses) return kUnknown;
   const uint32_t t = now();

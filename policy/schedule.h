@@ -1,15 +1,16 @@
 // The learned schedule of design.md section 7: training repeats, so the
 // accesses of the step just ended predict those of the current one. Each
-// step's accesses are recorded by launch index (counted from the step's
-// start), per block, and a block of the current step finds its predecessor:
-// - a block allocated during the step is the same as the one allocated at the
-//   same position (its allocation ordinal) in the previous step: activations
-//   are made in the same order each step, even when their sizes change;
+// step's uses are recorded by launch index (counted from the step's start),
+// per block, and a block of the current step finds its predecessor:
+// - a block made during the step is named by its first use: the launch's
+//   index in the step and the block's place among the blocks that launch
+//   touches. The kernel sequence repeats even when sequence lengths (and so
+//   sizes, and which tensors are large enough to be spillway's) change;
 // - a block that lives across steps (weights, optimizer state) is itself.
 // Victims are chosen furthest predicted next use first (Belady); before a
-// step has been seen, or for a block with no predecessor, by least recent
-// use. A prediction is only ever a preference: a wrong one costs a transfer,
-// never a byte (the allocator restores whatever is used).
+// step has been seen, or for a block with no predecessor, by how long it has
+// gone unused. A prediction is only ever a preference: a wrong one costs a
+// transfer, never a byte (the allocator restores whatever is used).
 #pragma once
 
 #include <cstddef>
@@ -32,7 +33,8 @@ class ScheduleChooser final : public VictimChooser {
   // Launches from now to the block's next predicted use. For a block made in
   // this step whose predecessor was used no more: kNever (it will likely be
   // freed first). For one that lives across steps: its first use in the next
-  // step. kUnknown without a predecessor or before a step was seen.
+  // step. kUnknown before its first use, without a predecessor, or before a
+  // step was seen.
   static constexpr uint64_t kNever = UINT64_MAX;
   static constexpr uint64_t kUnknown = UINT64_MAX - 1;
   uint64_t next_use(uint64_t id) const;
@@ -45,8 +47,8 @@ class ScheduleChooser final : public VictimChooser {
  private:
   // How a block is known across steps.
   struct Key {
-    bool carried;     // lived across a step boundary: known by its id
-    uint64_t number;  // its id, or its allocation ordinal in its step
+    bool carried = false;  // lived across a step boundary: known by its id
+    uint64_t number = 0;   // its id, or (first-use launch << 16 | place in it)
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -60,10 +62,12 @@ class ScheduleChooser final : public VictimChooser {
 
   struct Live {
     Key key;
+    bool keyed;            // used (or carried) yet
     uint64_t last_launch;  // its latest use (or its allocation)
   };
   std::unordered_map<uint64_t, Live> live_;  // by block id
-  uint64_t ordinal_ = 0;                     // allocations so far in this step
+  uint64_t cur_launch_ = 0;                  // the launch of the latest access
+  uint32_t pos_ = 0;                         // ... and its place in that launch
   uint32_t prev_len_ = 0;                    // launches in the previous step
   Uses cur_, prev_;
   bool have_prev_ = false;

@@ -102,8 +102,9 @@ TEST(ScheduleChooser, BlocksLivingAcrossStepsAreThemselvesAndTheOthersLineUp) {
   f.launch({100, 3});
   EXPECT_EQ(2u, c.next_use(3)) << "as activation 0: used again 2 launches later";
   EXPECT_EQ(3u, c.next_use(100)) << "the weight: at the step's 4th launch";
-  EXPECT_EQ(1u, c.next_use(4)) << "as activation 1: first used at the step's 2nd launch";
+  EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(4)) << "not used yet: no name yet";
   f.launch({4});
+  EXPECT_EQ(2u, c.next_use(4)) << "as activation 1: next used 2 launches later";
   f.launch({3});
   f.launch({100, 4});
   // Past its last use in the step, a block that lives across steps comes
@@ -123,17 +124,49 @@ TEST(ScheduleChooser, ABlockWithoutAMatchRanksByHowLongItHasGoneUnused) {
   c.on_free(1);
   c.on_step();
   c.on_alloc(2);   // matches 1
-  c.on_alloc(99);  // no match
-  f.launch({99});
+  c.on_alloc(99);  // no match: the second block of the step's 2nd launch
+  f.launch({2});
+  f.launch({2, 99});
   for (int i = 0; i < 5; ++i) f.launch({});
   f.launch({2});
   EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(99));
   // Its predecessor's uses (launches 1 and 2) are all behind.
   EXPECT_EQ(ScheduleChooser::kNever, c.next_use(2));
   EXPECT_EQ(std::vector<uint64_t>({2}), c.choose(candidates({99, 2}), kMiB));
+  EXPECT_EQ(std::vector<uint64_t>({2, 99}), c.choose(candidates({99, 2}), 2 * kMiB));
 }
 
-// A freed id reused for a new allocation is a new block, at a new position.
+// A longer sequence makes more tensors large enough to be spillway's: the
+// step has a block the last one did not, first used before the others. The
+// others still find their predecessors (matching by allocation order would
+// shift them all by one).
+TEST(ScheduleChooser, ANewBlockEarlierInTheStepDoesNotShiftTheOthers) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(1);  // A
+  c.on_alloc(2);  // B
+  f.launch({});
+  f.launch({1});
+  f.launch({2});
+  f.launch({2});
+  f.launch({1});
+  c.on_free(1);
+  c.on_free(2);
+  c.on_step();
+  c.on_alloc(30);  // new this step
+  c.on_alloc(10);  // A'
+  c.on_alloc(20);  // B'
+  f.launch({30});
+  f.launch({10});
+  f.launch({20});
+  EXPECT_EQ(2u, c.next_use(10));
+  EXPECT_EQ(1u, c.next_use(20));
+  EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(30));
+  EXPECT_EQ(std::vector<uint64_t>({10}), c.choose(candidates({10, 20}), kMiB));
+}
+
+// A freed id reused for a new allocation is a new block, named anew by its
+// first use.
 TEST(ScheduleChooser, AReusedIdIsANewBlock) {
   ScheduleChooser c;
   Feeder f(c);
@@ -146,10 +179,12 @@ TEST(ScheduleChooser, AReusedIdIsANewBlock) {
   c.on_free(7);
   c.on_free(8);
   c.on_step();
-  c.on_alloc(8);  // position 0: the block 7 was
-  c.on_alloc(7);  // position 1
-  f.launch({8});
+  c.on_alloc(8);
+  c.on_alloc(7);
+  f.launch({8});  // used where 7 was first used: 7's successor
   EXPECT_EQ(3u, c.next_use(8));
+  EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(7)) << "a new block, not yet used";
+  f.launch({7});
   EXPECT_EQ(1u, c.next_use(7));
 }
 
