@@ -54,6 +54,11 @@ class Tracker {
   static uint32_t current_correlation();
 
   uint64_t launches_seen() const { return launches_.load(std::memory_order_relaxed); }
+  // Every launch, copy and set is numbered from one counter, reported or not
+  // (Access::seq); work spillway itself reports (NCCL calls) takes its number
+  // from here too, so the policy sees one order. last_seq: the latest given.
+  uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  uint64_t last_seq() const { return seq_.load(std::memory_order_relaxed); }
   uint64_t touches_reported() const { return touches_.load(std::memory_order_relaxed); }
 
   // The parameter layout of a kernel: (offset, size) of each parameter.

@@ -9,22 +9,29 @@ void ScheduleChooser::on_alloc(uint64_t id) {
 }
 
 void ScheduleChooser::on_free(uint64_t id) {
-  live_.erase(id);
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  // A block known by its id has no successor once freed: its record would
+  // only mislead a later block at the same address.
+  if (it->second.keyed && it->second.key.carried) cur_.erase(it->second.key);
+  live_.erase(it);
 }
 
 void ScheduleChooser::on_access(const Access& a) {
+  // One order, even if reports from several threads interleave.
+  const uint64_t launch = std::max(a.launch, last_launch_);
   // Position among the blocks this launch touches, in the order reported.
-  if (a.launch != cur_launch_) {
-    cur_launch_ = a.launch;
+  if (launch != cur_launch_) {
+    cur_launch_ = launch;
     pos_ = 0;
   } else {
     ++pos_;
   }
-  last_launch_ = std::max(last_launch_, a.launch);
-  const uint32_t at = static_cast<uint32_t>(a.launch - std::min(a.launch, step_start_));
+  last_launch_ = launch;
+  const uint32_t at = since_start(launch);
   auto it = live_.find(a.block);
   if (it == live_.end())  // not seen allocated (made before this chooser)
-    it = live_.emplace(a.block, Live{Key{true, a.block}, true, a.launch}).first;
+    it = live_.emplace(a.block, Live{Key{true, a.block}, true, launch}).first;
   Live& l = it->second;
   if (!l.keyed) {
     // Its first use: the launch's index in the step and the block's place in
@@ -32,39 +39,47 @@ void ScheduleChooser::on_access(const Access& a) {
     l.key = Key{false, (uint64_t{at} << 16) | std::min<uint32_t>(pos_, 0xffff)};
     l.keyed = true;
   }
-  l.last_launch = a.launch;
+  l.last_launch = launch;
+  record(l.key, at);
+}
+
+void ScheduleChooser::record(const Key& k, uint32_t at) {
   if (!recording_) return;
-  std::vector<uint32_t>& uses = cur_[l.key];
-  if (!uses.empty() && uses.back() == at) return;
+  auto [it, added] = cur_.try_emplace(k);
+  std::vector<uint32_t>& uses = it->second;
+  if (!uses.empty() && uses.back() >= at) return;
   uses.push_back(at);
-  if (++recorded_ > kMaxUses) {
-    // A step this long (or a job that never marks steps) is not learned:
-    // memory stays bounded, and victims go by least recent use.
-    cur_.clear();
+  recorded_ += 1 + (added ? kKeyUnits : 0);
+  if (recorded_ > max_units_) {
+    Uses().swap(cur_);  // the memory too, not only the entries
     recording_ = false;
   }
 }
 
-void ScheduleChooser::on_step() {
+void ScheduleChooser::on_step(uint64_t end) {
   // Blocks still live now live across steps: from here on each is known by
-  // its id, and its uses in the step move to that key.
+  // its id. Their uses in the step are copied to that key; the first-use
+  // entry stays, for the next step's block made at the same point.
   for (auto& [id, l] : live_) {
     if (l.keyed && l.key.carried) continue;
     const Key carried{true, id};
-    if (auto node = l.keyed ? cur_.extract(l.key) : decltype(cur_)::node_type{}) {
-      node.key() = carried;
-      cur_.insert(std::move(node));
-    }
+    if (l.keyed && recording_)
+      if (auto u = cur_.find(l.key); u != cur_.end()) {
+        std::vector<uint32_t> copy = u->second;
+        cur_.insert_or_assign(carried, std::move(copy));
+      }
     l.key = carried;
     l.keyed = true;
   }
   prev_ = std::move(cur_);
-  cur_.clear();
+  Uses().swap(cur_);
   have_prev_ = recording_;
   recording_ = true;
   recorded_ = 0;
-  prev_len_ = now();
-  step_start_ = last_launch_;
+  const uint64_t e = std::max(end, last_launch_);
+  prev_len_ = since_start(e);
+  step_start_ = e;
+  last_launch_ = e;
 }
 
 const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) const {
@@ -93,11 +108,11 @@ std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t n
   std::vector<Ranked> r;
   r.reserve(c.size());
   for (const Candidate& x : c) {
+    auto it = live_.find(x.id);
     uint64_t d = next_use(x.id);
     if (d == kUnknown) {
       // No prediction: as long as it has gone unused, a guess that ranks it
       // among the predicted ones (least recently used goes first).
-      auto it = live_.find(x.id);
       d = it == live_.end() ? 0 : last_launch_ - std::min(last_launch_, it->second.last_launch);
     }
     r.push_back({d, &x});

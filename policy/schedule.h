@@ -13,6 +13,7 @@
 // transfer, never a byte (the allocator restores whatever is used).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -24,9 +25,17 @@ namespace spillway::policy {
 
 class ScheduleChooser final : public VictimChooser {
  public:
+  // `max_units` bounds one step's record: a use costs 1, each block named in
+  // it kKeyUnits more (its map node and vector). Past it the step is not
+  // learned and the choice is least recent use: what bounds memory in a job
+  // whose steps are huge or never marked.
+  static constexpr size_t kKeyUnits = 16;
+  static constexpr size_t kDefaultMaxUnits = size_t{1} << 22;  // about 16 MiB
+  explicit ScheduleChooser(size_t max_units = kDefaultMaxUnits) : max_units_(max_units) {}
+
   void on_alloc(uint64_t id) override;
   void on_free(uint64_t id) override;
-  void on_step() override;
+  void on_step(uint64_t end) override;
   void on_access(const Access& a) override;
   std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) override;
 
@@ -39,10 +48,7 @@ class ScheduleChooser final : public VictimChooser {
   static constexpr uint64_t kUnknown = UINT64_MAX - 1;
   uint64_t next_use(uint64_t id) const;
   bool learned() const { return have_prev_; }
-  // Uses recorded in the current step; past kMaxUses the step is not
-  // learned (what bounds memory in a job that never marks a step).
-  static constexpr size_t kMaxUses = size_t{1} << 23;
-  size_t recorded() const { return recording_ ? recorded_ : 0; }
+  size_t recorded() const { return recording_ ? recorded_ : 0; }  // units, this step
 
  private:
   // How a block is known across steps.
@@ -57,8 +63,13 @@ class ScheduleChooser final : public VictimChooser {
   // One step's launch indices of every block's uses, in order.
   using Uses = std::unordered_map<Key, std::vector<uint32_t>, KeyHash>;
 
-  uint32_t now() const { return static_cast<uint32_t>(last_launch_ - step_start_); }
+  // Launches since the step began (launch numbers count from its start).
+  uint32_t since_start(uint64_t launch) const {
+    return static_cast<uint32_t>(launch - std::min(launch, step_start_));
+  }
+  uint32_t now() const { return since_start(last_launch_); }
   const std::vector<uint32_t>* predecessor_uses(const Key& k) const;
+  void record(const Key& k, uint32_t at);
 
   struct Live {
     Key key;
@@ -73,8 +84,9 @@ class ScheduleChooser final : public VictimChooser {
   bool have_prev_ = false;
   bool recording_ = true;
   size_t recorded_ = 0;
-  uint64_t step_start_ = 0;   // launch sequence number when the step began
-  uint64_t last_launch_ = 0;  // latest launch sequence number seen
+  size_t max_units_;
+  uint64_t step_start_ = 0;   // the last launch number of the step before
+  uint64_t last_launch_ = 0;  // latest launch number seen (or the step's start)
 };
 
 }  // namespace spillway::policy

@@ -36,7 +36,8 @@ class VictimChooser {
   // (spillway_mark_step).
   virtual void on_alloc(uint64_t /*id*/) {}
   virtual void on_free(uint64_t /*id*/) {}
-  virtual void on_step() {}
+  // `end`: the number (Access::launch) of the step's last launch, copy or set.
+  virtual void on_step(uint64_t /*end*/) {}
   // Picks blocks whose eviction frees at least `need` bytes, in the order to
   // evict them; fewer if the candidates do not add up to `need`.
   virtual std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) = 0;

@@ -175,8 +175,11 @@ void Allocator::stop_background() {
 Allocator::~Allocator() {
   InternalCalls internal;
   stop_background();
-  // Whatever is still queued may use spillway's memory: it finishes first.
-  if (ensure_context()) d_.cuCtxSynchronize();
+  // Whatever is still queued in this allocator's context may use its memory:
+  // it finishes first (the calling thread may have another device current).
+  CUcontext popped = nullptr;
+  const bool pushed = ctx_ && CU_CALL(d_, cuCtxPushCurrent, ctx_) == CUDA_SUCCESS;
+  if (pushed) d_.cuCtxSynchronize();
   // Managed blocks are separate driver allocations.
   for (auto& [p, b] : managed_blocks_) CU_CALL(d_, cuMemFree, static_cast<CUdeviceptr>(p));
   // Every mapping in the arena goes, and its memory back to the pools, which
@@ -195,6 +198,7 @@ Allocator::~Allocator() {
     CU_CALL(d_, cuMemUnmap, c->va, c->size);
     dev_.give(c->handle, c->size);
   }
+  if (pushed) CU_CALL(d_, cuCtxPopCurrent, &popped);
 }
 
 Allocator::Block* Allocator::owner_of(uintptr_t p) {
@@ -980,7 +984,12 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   const CUstream stream = a.stream;
   std::lock_guard lk(mu_);
   bool moved = false;
+  // The launch's blocks are claimed (held) as they come: restoring one must
+  // not evict another the same launch needs, whatever the policy predicts.
+  claimed_.clear();
   auto use = [&](Block* b) {
+    ++b->holds;
+    claimed_.push_back(b);
     note_user(b, stream);
     b->last_use = ++tick_;
     chooser_->on_access({b->ptr, b->size, reinterpret_cast<uint64_t>(stream), a.seq, a.name});
@@ -997,6 +1006,7 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
     }
   };
   for_each_block(touches, n, use, [&](Block* b) { note_user(b, stream); });
+  for (Block* b : claimed_) --b->holds;
   if (moved) notify_memory();
 }
 
@@ -1058,9 +1068,9 @@ void Allocator::release(const Touch* touches, size_t n) {
       touches, n, [](Block* b) { b->holds -= b->holds > 0 ? 1 : 0; }, [](Block*) {});
 }
 
-void Allocator::mark_step() {
+void Allocator::mark_step(uint64_t end) {
   std::lock_guard lk(mu_);
-  chooser_->on_step();
+  chooser_->on_step(end);
 }
 
 void Allocator::notify_memory() {

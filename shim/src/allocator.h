@@ -116,8 +116,9 @@ class Allocator final : public AccessSink {
   enum class Residency { kUnknown, kDevice, kEvicting, kHost };
   Residency residency(const void* ptr);
 
-  // A training step ended (spillway_mark_step): the policy's schedule turns.
-  void mark_step();
+  // A training step ended (spillway_mark_step) after access number `end`
+  // (Access::seq): the policy's schedule turns.
+  void mark_step(uint64_t end);
 
   Stats stats();
   // Stops the background eviction thread (at exit: it must not outlive the
@@ -223,6 +224,7 @@ class Allocator final : public AccessSink {
   Event bg_ev_;                  // the background thread's wait, outside the lock
   std::vector<Event> events_;    // pool for pending frees
   std::vector<Block*> pending_;  // freed, waiting for user-stream events
+  std::vector<Block*> claimed_;  // before_use: the launch's blocks so far
   std::vector<Block*> owners_;   // large block owning each granule of the arena
   uint64_t high_water_ = 0;      // background eviction starts above this
   uint64_t managed_dev_ = 0;     // managed mode: see resident()

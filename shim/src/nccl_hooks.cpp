@@ -238,8 +238,6 @@ struct Ranges {
   }
 };
 
-std::atomic<uint64_t> g_seq{0};
-
 // Around one call: restore and hold its buffers, call, then release when
 // its stream work is done (or at once if it failed to queue anything).
 template <class Call>
@@ -255,7 +253,7 @@ Result around(const char* name, const void* send, size_t send_bytes, const void*
   a.kind = Access::Kind::kCollective;
   a.stream = stream;
   a.name = name;
-  a.seq = g_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  a.seq = rt->next_access_seq();
   // Hold first: it restores a block on the host and, once held, no eviction
   // can start on it before the call is queued; before_use then records the
   // call's stream as a user of the blocks (their free waits for it).

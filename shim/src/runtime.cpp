@@ -242,9 +242,16 @@ Allocator* Runtime::allocator(int device) {
 void Runtime::mark_step() {
   const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
   if (recorder_) recorder_->on_step(next);
+  // Where the step ends in the order of accesses: launches after it belong
+  // to the next step, whether or not they touch a large block.
+  const uint64_t end = tracker_ ? tracker_->last_seq() : own_seq_.load(std::memory_order_relaxed);
   const size_t n = active_count_.load(std::memory_order_acquire);
   for (size_t i = 0; i < n; ++i)
-    if (Allocator* a = active_[i].load(std::memory_order_acquire)) a->mark_step();
+    if (Allocator* a = active_[i].load(std::memory_order_acquire)) a->mark_step(end);
+}
+
+uint64_t Runtime::next_access_seq() {
+  return tracker_ ? tracker_->next_seq() : own_seq_.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 Stats Runtime::stats() {

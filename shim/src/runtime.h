@@ -42,6 +42,9 @@ class Runtime final : public AccessSink {
   // A malloc that returned NULL before reaching an allocator (no driver, bad
   // device): counted with the out-of-memory results.
   void note_unserved() { unserved_.fetch_add(1, std::memory_order_relaxed); }
+  // A number for an access spillway reports itself (an NCCL call), from the
+  // tracker's sequence when it runs, so that all accesses share one order.
+  uint64_t next_access_seq();
   uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
   const Config& config() const { return cfg_; }
 
@@ -78,6 +81,7 @@ class Runtime final : public AccessSink {
   bool blind_ = false;
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> unserved_{0};
+  std::atomic<uint64_t> own_seq_{0};  // access numbers without a tracker
 };
 
 }  // namespace spillway

@@ -109,12 +109,13 @@ void simcuda_get_memory_stats(int device, simcuda_memory_stats* out);
  * is enqueued. 0 for memory that is not managed. */
 uint64_t simcuda_managed_device_bytes(CUdeviceptr ptr, size_t size);
 
-/* A value that changes whenever a mapping overlapping [ptr, ptr + size) is
- * made (cuMemMap, cuMemAlloc, cuMemAllocManaged), removed, or has its access
- * set (cuMemSetAccess): two equal readings mean nothing of the kind happened
- * to the range in between, even a change later undone. Read under the lock
- * that orders those changes, so a concurrent change elsewhere cannot tear a
- * reading. */
+/* A hash of the mappings overlapping [ptr, ptr + size): each mapping made
+ * (cuMemMap, cuMemAlloc, cuMemAllocManaged) and each cuMemSetAccess on one
+ * gets a new serial. So while the range stays mapped, two readings differ if
+ * anything was unmapped, remapped (even to the same memory) or had its access
+ * set in between; a range unmapped at both readings reads the same. Read
+ * under the lock that orders those changes, so a concurrent change elsewhere
+ * cannot tear a reading. */
 uint64_t simcuda_mapping_signature(CUdeviceptr ptr, size_t size);
 
 /* Device memory taken by "another process": counts against capacity. */

@@ -613,8 +613,13 @@ uint64_t mapping_signature(uintptr_t lo, uintptr_t hi) {
   for (; it != m.reservations.end() && it->second.base < hi; ++it) {
     const Reservation& r = it->second;
     if (r.base + r.size <= lo) continue;
-    for (const auto& [va, mp] : r.maps) {
-      if (va >= hi || va + mp.size <= lo) continue;
+    // From the last mapping starting at or below lo: a reservation (spillway's
+    // arena) may hold thousands.
+    auto m0 = r.maps.upper_bound(lo);
+    if (m0 != r.maps.begin()) --m0;
+    for (auto mi = m0; mi != r.maps.end() && mi->first < hi; ++mi) {
+      const auto& [va, mp] = *mi;
+      if (va + mp.size <= lo) continue;
       mix(va);
       mix(mp.size);
       mix(mp.serial);

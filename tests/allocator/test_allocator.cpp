@@ -439,7 +439,8 @@ TEST_F(AllocatorTest, DestroyingTheAllocatorGivesBackEveryByte) {
     a->free(cached, 4 * MiB, nullptr);
     EXPECT_GT(used().first, before.first);
     EXPECT_GT(used().second, before.second);
-    busy(nullptr, 2000);  // still queued when the allocator goes
+    busy(nullptr, 2000);
+    fill(live, 4 * MiB, 2, nullptr);  // still queued when the allocator goes
   }
   EXPECT_EQ(before, used());
   EXPECT_EQ(simcuda_call_count("cuMemCreate"), simcuda_call_count("cuMemRelease"));
@@ -583,7 +584,7 @@ class ScheduleTest : public AllocatorTest {
     for (int i : {0, 1, 2})
       if (reinterpret_cast<uintptr_t>(blk[i]) == evicted) which = 'A' + static_cast<uintptr_t>(i);
     for (void* p : blk) a.free(p, kSize, nullptr);
-    a.mark_step();
+    a.mark_step(seq_);
     return which;
   }
   static uint64_t seed(uint64_t step, int i) { return 7000 + step * 10 + static_cast<uint64_t>(i); }
@@ -596,6 +597,51 @@ TEST_F(ScheduleTest, FromTheSecondStepTheBlockUsedFurthestAheadIsEvicted) {
   EXPECT_EQ('B', step(*a, 0)) << "no schedule yet: least recently used";
   EXPECT_EQ('A', step(*a, 1));
   EXPECT_EQ('A', step(*a, 2));
+}
+
+// A launch touching a resident block A and an evicted block B: B's restore
+// needs room, and whatever the policy ranks first (here: the most recently
+// used block, which is A), A is not evicted, since the launch needs it.
+TEST_F(AllocatorTest, RestoringABlockNeverEvictsAnotherOfTheSameLaunch) {
+  struct MostRecentFirst final : spillway::policy::VictimChooser {
+    std::vector<uint64_t> choose(std::vector<spillway::policy::Candidate> c, size_t need) override {
+      std::sort(c.begin(), c.end(), [](auto& x, auto& y) { return x.last_use > y.last_use; });
+      std::vector<uint64_t> out;
+      for (size_t i = 0, freed = 0; i < c.size() && freed < need; freed += c[i++].bytes)
+        out.push_back(c[i].id);
+      return out;
+    }
+  };
+  AllocatorOptions o;
+  o.gpu_budget = 12 * MiB;
+  o.host_budget = 1ull << 30;
+  o.chooser = std::make_shared<MostRecentFirst>();
+  std::string why;
+  auto a = Allocator::create(*driver_, o, &why);
+  ASSERT_NE(nullptr, a) << why;
+  void* p[4];
+  for (int i = 0; i < 4; ++i) {
+    p[i] = a->malloc(4 * MiB, nullptr);  // the fourth evicts the most recent of the three
+    ASSERT_NE(nullptr, p[i]);
+    fill(p[i], 4 * MiB, 900u + static_cast<uint64_t>(i), nullptr);
+    ASSERT_CU(cuCtxSynchronize());
+  }
+  void* evicted = nullptr;
+  for (void* q : p)
+    if (a->residency(q) == Allocator::Residency::kHost) evicted = q;
+  ASSERT_NE(nullptr, evicted);
+  void* resident = evicted == p[0] ? p[1] : p[0];
+  const uintptr_t r = reinterpret_cast<uintptr_t>(resident),
+                  e = reinterpret_cast<uintptr_t>(evicted);
+  const spillway::Touch t[2] = {{r, r + 4 * MiB}, {e, e + 4 * MiB}};
+  spillway::Access acc;
+  acc.seq = 1;
+  a->before_use(acc, t, 2);
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(resident));
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(evicted));
+  for (int i = 0; i < 4; ++i) check(p[i], 4 * MiB, 900u + static_cast<uint64_t>(i), nullptr);
+  EXPECT_EQ(0u, mismatches());
+  for (void* q : p) a->free(q, 4 * MiB, nullptr);
 }
 
 TEST_F(ScheduleTest, LeastRecentlyUsedOnRequestEvictsTheSameBlockEveryStep) {

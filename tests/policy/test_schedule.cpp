@@ -23,6 +23,8 @@ class Feeder {
     ++seq_;
     for (uint64_t b : blocks) c_.on_access({b, kMiB, 1, seq_, "k"});
   }
+  // spillway_mark_step after the launches so far.
+  void step() { c_.on_step(seq_); }
 
  private:
   ScheduleChooser& c_;
@@ -65,7 +67,7 @@ TEST(ScheduleChooser, EvictsTheBlockUsedFurthestAheadInTheLearnedStep) {
   f.launch({10});
   f.launch({20});
   for (uint64_t id : {10, 20, 30}) c.on_free(id);
-  c.on_step();
+  f.step();
   ASSERT_TRUE(c.learned());
   for (uint64_t id : {11, 21, 31}) c.on_alloc(id);
   f.launch({11});
@@ -96,7 +98,7 @@ TEST(ScheduleChooser, BlocksLivingAcrossStepsAreThemselvesAndTheOthersLineUp) {
   f.launch({100, 2});
   c.on_free(1);
   c.on_free(2);
-  c.on_step();
+  f.step();
   c.on_alloc(3);  // activation 0 of step 1
   c.on_alloc(4);  // activation 1
   f.launch({100, 3});
@@ -122,7 +124,7 @@ TEST(ScheduleChooser, ABlockWithoutAMatchRanksByHowLongItHasGoneUnused) {
   f.launch({1});
   f.launch({1});
   c.on_free(1);
-  c.on_step();
+  f.step();
   c.on_alloc(2);   // matches 1
   c.on_alloc(99);  // no match: the second block of the step's 2nd launch
   f.launch({2});
@@ -152,7 +154,7 @@ TEST(ScheduleChooser, ANewBlockEarlierInTheStepDoesNotShiftTheOthers) {
   f.launch({1});
   c.on_free(1);
   c.on_free(2);
-  c.on_step();
+  f.step();
   c.on_alloc(30);  // new this step
   c.on_alloc(10);  // A'
   c.on_alloc(20);  // B'
@@ -178,7 +180,7 @@ TEST(ScheduleChooser, AReusedIdIsANewBlock) {
   f.launch({7});
   c.on_free(7);
   c.on_free(8);
-  c.on_step();
+  f.step();
   c.on_alloc(8);
   c.on_alloc(7);
   f.launch({8});  // used where 7 was first used: 7's successor
@@ -188,24 +190,78 @@ TEST(ScheduleChooser, AReusedIdIsANewBlock) {
   EXPECT_EQ(1u, c.next_use(7));
 }
 
-// A job that never marks a step records up to kMaxUses uses, then stops:
-// memory stays bounded, victims go by least recent use, and the next step
-// that ends is not learned from (its record is incomplete).
-TEST(ScheduleChooser, AStepTooLongToRecordIsNotLearned) {
-  ScheduleChooser c;
+// A step too big to record (or a job that never marks a step) is not
+// learned: the record stops at its cap, victims go by least recent use, and
+// the next step is recorded again.
+TEST(ScheduleChooser, AStepTooBigToRecordIsNotLearned) {
+  const size_t cap = 3 * ScheduleChooser::kKeyUnits;
+  ScheduleChooser c(cap);
   Feeder f(c);
   c.on_alloc(1);
   c.on_alloc(2);
-  for (size_t i = 0; i < ScheduleChooser::kMaxUses; ++i) f.launch({1});
-  EXPECT_EQ(ScheduleChooser::kMaxUses, c.recorded());
+  f.launch({1});
+  EXPECT_EQ(1 + ScheduleChooser::kKeyUnits, c.recorded()) << "a use and a new block";
+  for (size_t i = 0; c.recorded() + 1 <= cap && i < cap; ++i) f.launch({1});
+  EXPECT_EQ(cap, c.recorded());
   f.launch({2});
   EXPECT_EQ(0u, c.recorded()) << "stopped recording";
-  c.on_step();
+  f.step();
   EXPECT_FALSE(c.learned());
   EXPECT_EQ(std::vector<uint64_t>({1}), c.choose(candidates({1, 2}), kMiB)) << "LRU";
-  // The next step is recorded again, and learned from.
   f.launch({1});
-  EXPECT_EQ(1u, c.recorded());
-  c.on_step();
+  EXPECT_EQ(1 + ScheduleChooser::kKeyUnits, c.recorded()) << "recorded again, 1 by its id now";
+  f.step();
   EXPECT_TRUE(c.learned());
+}
+
+// The step ends where spillway_mark_step says, not at the last launch that
+// touched a large block: launches after it (small tensors only) count in
+// the step, and the next step's launch numbers start after them.
+TEST(ScheduleChooser, AStepEndsWhereItIsMarked) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(1);
+  f.launch({1});
+  f.launch({});
+  f.launch({1});
+  f.launch({});  // small tensors only, still this step
+  c.on_free(1);
+  f.step();
+  c.on_alloc(2);
+  f.launch({2});  // launch 1 of the step, as 1's first use was
+  EXPECT_EQ(2u, c.next_use(2));
+}
+
+// A block that outlives its step (kept past the mark) is known by its id
+// from then on, and the next step's block made at the same point still
+// finds it as its predecessor.
+TEST(ScheduleChooser, ABlockOutlivingItsStepStillNamesItsSuccessor) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(1);
+  f.launch({1});
+  f.launch({});
+  f.launch({1});
+  f.step();  // 1 still live
+  c.on_free(1);
+  c.on_alloc(2);
+  f.launch({2});
+  EXPECT_EQ(2u, c.next_use(2));
+}
+
+// A carried block freed during a step leaves no record: a new block at the
+// same address that lives on is predicted from its own uses.
+TEST(ScheduleChooser, ABlockAtTheAddressOfAFreedCarriedOneHasItsOwnRecord) {
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(5);
+  f.launch({5});
+  f.step();       // 5 carried
+  f.launch({5});  // launch 1
+  c.on_free(5);
+  c.on_alloc(5);  // a new block at the same address
+  f.launch({});
+  f.launch({5});  // launch 3: its first use
+  f.step();       // the new 5 carried, with its use at 3
+  EXPECT_EQ(3u, c.next_use(5)) << "its own use at launch 3, not the freed block's at 1";
 }

@@ -162,7 +162,9 @@ TEST(ShimConfig, ModeInvalidRefused) {
 }
 
 TEST(ShimConfig, PolicyScheduleByDefaultLruOnRequestAndBadValuesRefused) {
-  EXPECT_EQ(parse({}).cfg->policy, spillway::Policy::kSchedule);
+  const Parsed none = parse({});
+  ASSERT_TRUE(none.cfg.has_value()) << none.error;
+  EXPECT_EQ(none.cfg->policy, spillway::Policy::kSchedule);
   EXPECT_EQ(accepted("SPILLWAY_POLICY", "lru").policy, spillway::Policy::kLru);
   EXPECT_EQ(accepted("SPILLWAY_POLICY", "schedule").policy, spillway::Policy::kSchedule);
   for (const char* v : {"", "LRU", "belady", "schedule "}) refused("SPILLWAY_POLICY", v, "or lru");
