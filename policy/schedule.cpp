@@ -1,11 +1,12 @@
 #include "schedule.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace spillway::policy {
 
 void ScheduleChooser::on_alloc(uint64_t id) {
-  live_[id] = {Key{}, false, last_launch_};
+  live_[id] = {Key{}, false, last_launch_, nullptr};
 }
 
 void ScheduleChooser::on_free(uint64_t id) {
@@ -31,7 +32,7 @@ void ScheduleChooser::on_access(const Access& a) {
   const uint32_t at = since_start(launch);
   auto it = live_.find(a.block);
   if (it == live_.end())  // not seen allocated (made before this chooser)
-    it = live_.emplace(a.block, Live{Key{true, a.block}, true, launch}).first;
+    it = live_.emplace(a.block, Live{Key{true, a.block}, true, launch, nullptr}).first;
   Live& l = it->second;
   if (!l.keyed) {
     // Its first use: the launch's index in the step and the block's place in
@@ -40,19 +41,22 @@ void ScheduleChooser::on_access(const Access& a) {
     l.keyed = true;
   }
   l.last_launch = launch;
-  record(l.key, at);
+  record(l, at);
 }
 
-void ScheduleChooser::record(const Key& k, uint32_t at) {
+void ScheduleChooser::record(Live& l, uint32_t at) {
   if (!recording_) return;
-  auto [it, added] = cur_.try_emplace(k);
-  std::vector<uint32_t>& uses = it->second;
+  if (!l.uses) {
+    auto [it, added] = cur_.try_emplace(l.key);
+    l.uses = &it->second;  // stable: node-based map, until cur_ is replaced
+    recorded_ += added ? kKeyUnits : 0;
+  }
+  std::vector<uint32_t>& uses = *l.uses;
   if (!uses.empty() && uses.back() >= at) return;
   uses.push_back(at);
-  recorded_ += 1 + (added ? kKeyUnits : 0);
-  if (recorded_ > max_units_) {
-    Uses().swap(cur_);  // the memory too, not only the entries
-    recording_ = false;
+  if (++recorded_ > max_units_) {
+    Uses().swap(cur_);   // the memory too, not only the entries
+    recording_ = false;  // every Live's `uses` dangles: none is read until on_step
   }
 }
 
@@ -61,13 +65,10 @@ void ScheduleChooser::on_step(uint64_t end) {
   // its id. Their uses in the step are copied to that key; the first-use
   // entry stays, for the next step's block made at the same point.
   for (auto& [id, l] : live_) {
+    std::vector<uint32_t>* uses = std::exchange(l.uses, nullptr);  // cur_ is replaced below
     if (l.keyed && l.key.carried) continue;
     const Key carried{true, id};
-    if (l.keyed && recording_)
-      if (auto u = cur_.find(l.key); u != cur_.end()) {
-        std::vector<uint32_t> copy = u->second;
-        cur_.insert_or_assign(carried, std::move(copy));
-      }
+    if (uses && recording_) cur_.insert_or_assign(carried, *uses);
     l.key = carried;
     l.keyed = true;
   }
@@ -88,47 +89,39 @@ const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) con
 }
 
 uint64_t ScheduleChooser::next_use(uint64_t id) const {
-  if (!have_prev_) return kUnknown;
   auto it = live_.find(id);
-  if (it == live_.end() || !it->second.keyed) return kUnknown;
-  const std::vector<uint32_t>* uses = predecessor_uses(it->second.key);
+  return it == live_.end() ? kUnknown : next_use(it->second);
+}
+
+uint64_t ScheduleChooser::next_use(const Live& l) const {
+  if (!have_prev_ || !l.keyed) return kUnknown;
+  const std::vector<uint32_t>* uses = predecessor_uses(l.key);
   if (!uses) return kUnknown;
   const uint32_t t = now();
   if (auto u = std::upper_bound(uses->begin(), uses->end(), t); u != uses->end()) return *u - t;
-  if (!it->second.key.carried) return kNever;
+  if (!l.key.carried) return kNever;
   return (prev_len_ > t ? prev_len_ - t : 0) + uses->front();
 }
 
 std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t need) {
   if (!have_prev_) return LruChooser().choose(std::move(c), need);
-  struct Ranked {
-    uint64_t distance;
-    const Candidate* c;
-  };
-  std::vector<Ranked> r;
-  r.reserve(c.size());
+  std::vector<std::pair<uint64_t, Candidate>> ranked;  // (distance, candidate)
+  ranked.reserve(c.size());
   for (const Candidate& x : c) {
     auto it = live_.find(x.id);
-    uint64_t d = next_use(x.id);
+    uint64_t d = it == live_.end() ? kUnknown : next_use(it->second);
     if (d == kUnknown) {
       // No prediction: as long as it has gone unused, a guess that ranks it
       // among the predicted ones (least recently used goes first).
       d = it == live_.end() ? 0 : last_launch_ - std::min(last_launch_, it->second.last_launch);
     }
-    r.push_back({d, &x});
+    ranked.push_back({d, x});
   }
-  std::sort(r.begin(), r.end(), [](const Ranked& a, const Ranked& b) {
-    if (a.distance != b.distance) return a.distance > b.distance;
-    return a.c->last_use != b.c->last_use ? a.c->last_use < b.c->last_use : a.c->id < b.c->id;
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : used_earlier(a.second, b.second);
   });
-  std::vector<uint64_t> out;
-  size_t freed = 0;
-  for (const Ranked& x : r) {
-    if (freed >= need) break;
-    out.push_back(x.c->id);
-    freed += x.c->bytes;
-  }
-  return out;
+  for (size_t i = 0; i < ranked.size(); ++i) c[i] = ranked[i].second;
+  return first_covering(c, need);
 }
 
 }  // namespace spillway::policy

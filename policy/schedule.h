@@ -69,13 +69,18 @@ class ScheduleChooser final : public VictimChooser {
   }
   uint32_t now() const { return since_start(last_launch_); }
   const std::vector<uint32_t>* predecessor_uses(const Key& k) const;
-  void record(const Key& k, uint32_t at);
 
   struct Live {
     Key key;
     bool keyed;            // used (or carried) yet
     uint64_t last_launch;  // its latest use (or its allocation)
+    // Its record in cur_ once it has one this step (so a use costs one
+    // lookup, not two); reset when cur_ is replaced.
+    std::vector<uint32_t>* uses;
   };
+  uint64_t next_use(const Live& l) const;
+  void record(Live& l, uint32_t at);
+
   std::unordered_map<uint64_t, Live> live_;  // by block id
   uint64_t cur_launch_ = 0;                  // the launch of the latest access
   uint32_t pos_ = 0;                         // ... and its place in that launch

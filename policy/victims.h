@@ -43,6 +43,13 @@ class VictimChooser {
   virtual std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) = 0;
 };
 
+// Older use first (ties by id): least recent use's order, and the schedule's
+// among equally distant blocks.
+bool used_earlier(const Candidate& a, const Candidate& b);
+// The ids of the first of `ordered` whose bytes add up to `need` (all of them
+// if they do not).
+std::vector<uint64_t> first_covering(const std::vector<Candidate>& ordered, size_t need);
+
 // Least recently used first.
 class LruChooser final : public VictimChooser {
  public:
