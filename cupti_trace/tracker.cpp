@@ -13,8 +13,6 @@ namespace {
 // Driver calls made while handling a callback (cuFuncGetParamInfo, a
 // restore's cuMemMap...) fire callbacks too: ignore those.
 thread_local bool t_in_callback = false;
-// The correlation id of the driver call being handled on this thread.
-thread_local uint32_t t_correlation = 0;
 // Runtime launches scanned on this thread and not yet returned: the driver
 // launch the runtime makes inside one is the same launch (de-duplicated by
 // nesting: the two carry different correlation ids, cupti_callbacks.h).
@@ -107,7 +105,7 @@ struct Scope {
   Scope() { t_in_callback = true; }
   ~Scope() {
     t_in_callback = false;
-    t_correlation = 0;
+    CurrentCall::set_correlation(0);
   }
 };
 
@@ -147,10 +145,6 @@ std::unique_ptr<Tracker> Tracker::start(const cupti::Api& api, const cu::Driver&
   return t;
 }
 
-uint32_t Tracker::current_correlation() {
-  return t_correlation;
-}
-
 Tracker::~Tracker() {
   if (subscriber_) api_.cuptiUnsubscribe(subscriber_);
 }
@@ -165,7 +159,7 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
       hook(t->hook_ctx_, cbid, cb);
     return;
   }
-  t_correlation = cb->correlationId;
+  CurrentCall::set_correlation(cb->correlationId);
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
     // correlationData carries "scanned" from the enter to the exit callback.
     if (cb->callbackSite == CUPTI_API_ENTER) {
@@ -179,7 +173,7 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
   }
   if (domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
   Scope scope;
-  t_correlation = cb->correlationId;
+  CurrentCall::set_correlation(cb->correlationId);
   if (t->on_graph_call(cbid, cb)) return;
   // Before the call: the work is not queued yet, so a restore is in time.
   if (cb->callbackSite != CUPTI_API_ENTER) return;
@@ -364,7 +358,8 @@ bool Tracker::on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb)
       }
       launches_.fetch_add(1, std::memory_order_relaxed);
       const Access access{Access::Kind::kGraphLaunch, s, nullptr,
-                          seq_.fetch_add(1, std::memory_order_relaxed) + 1, t_correlation};
+                          seq_.fetch_add(1, std::memory_order_relaxed) + 1,
+                          CurrentCall::correlation()};
       if (!used.empty()) deliver(access, used.data(), used.size());
       return true;
     }
@@ -404,7 +399,7 @@ void Tracker::report(Access::Kind kind, const Touch* t, size_t n, CUstream strea
     if (sink_.may_own(t[i].lo) || sink_.may_own(t[i].hi - 1)) kept[mine++] = t[i];
   if (mine == 0) return;
   touches_.fetch_add(mine, std::memory_order_relaxed);
-  deliver(Access{kind, stream, nullptr, seq, t_correlation}, kept, mine);
+  deliver(Access{kind, stream, nullptr, seq, CurrentCall::correlation()}, kept, mine);
 }
 
 void Tracker::on_driver_call(CUpti_CallbackId cbid, const void* p) {
@@ -542,7 +537,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   launches_.fetch_add(1, std::memory_order_relaxed);
   const Layout& l = layout(f);
   const Access access{Access::Kind::kLaunch, stream, l.name,
-                      seq_.fetch_add(1, std::memory_order_relaxed) + 1, t_correlation};
+                      seq_.fetch_add(1, std::memory_order_relaxed) + 1, CurrentCall::correlation()};
   // On the launch path: no heap allocation. Touches are reported in batches
   // of a fixed size (a kernel with more pointer arguments just reports twice).
   constexpr size_t kBatch = 32;

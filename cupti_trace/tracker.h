@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "access_sink.h"
+#include "access.h"
 #include "cupti_api.h"
 #include "driver.h"
 
@@ -49,9 +49,6 @@ class Tracker {
     hook_ctx_ = ctx;
     hook_.store(hook, std::memory_order_release);
   }
-  // The correlation id of the driver call whose callback this thread is
-  // handling (0 outside one): what a restore made for that call belongs to.
-  static uint32_t current_correlation();
 
   uint64_t launches_seen() const { return launches_.load(std::memory_order_relaxed); }
   // Every launch, copy and set is numbered from one counter, reported or not

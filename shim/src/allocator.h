@@ -43,8 +43,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "access_sink.h"
-#include "cu_raii.h"
+#include "access.h"
+#include "raii.h"
 #include "events.h"
 #include "driver.h"
 #include "stats.h"

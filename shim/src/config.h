@@ -9,22 +9,13 @@
 #include <optional>
 #include <string>
 
+#include "log.h"
+#include "size.h"
+
 namespace spillway {
 
 enum class Mode { kHost, kManaged, kOff };
 enum class Policy { kSchedule, kLru };
-enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
-
-// A size given as bytes or as a fraction of a total known only later
-// (device or host memory).
-struct SizeSpec {
-  uint64_t bytes = 0;
-  double fraction = 0;  // > 0: a percentage was given
-  bool set = false;
-  uint64_t resolve(uint64_t total) const {
-    return fraction > 0 ? static_cast<uint64_t>(static_cast<double>(total) * fraction) : bytes;
-  }
-};
 
 struct Config {
   Mode mode = Mode::kHost;
@@ -56,9 +47,6 @@ std::string expand_path(const std::string& path, char** env);
 std::optional<Config> parse_config(char** env, std::string* error);
 
 // Exposed for tests.
-std::optional<uint64_t> parse_bytes(const std::string& text);
-size_t decimal_prefix(const std::string& text, double* value);
-std::optional<SizeSpec> parse_size_or_percent(const std::string& text);
 size_t edit_distance(const std::string& a, const std::string& b);
 
 }  // namespace spillway

@@ -11,7 +11,7 @@
 
 #include <array>
 
-#include "access_sink.h"
+#include "access.h"
 #include "allocator.h"
 #include "chrome_trace.h"
 #include "tracker.h"

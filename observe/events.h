@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "clock.h"
+
 namespace spillway {
 
 // Why a block moved (the trace shows it on every transfer).
@@ -45,7 +47,5 @@ class Observer {
   // The device ran out below the budget and evicting made the allocation fit.
   virtual void on_oom_avoided(int device, size_t need, size_t freed) = 0;
 };
-
-uint64_t monotonic_ns();
 
 }  // namespace spillway

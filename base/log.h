@@ -6,13 +6,15 @@
 
 #include <string>
 
-#include "config.h"
+namespace spillway {
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+}  // namespace spillway
 
 namespace spillway::log {
 
-// Sets the level and sink (SPILLWAY_LOG_FILE, or stderr). Returns false and a
+// Sets the level and sink (`file`, or stderr when empty). Returns false and a
 // reason if the file cannot be opened (logging then goes to stderr).
-bool init(const Config& cfg, std::string* why);
+bool init(LogLevel level, const std::string& file, std::string* why);
 spdlog::logger& get();
 
 template <class... A>

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "access_sink.h"
+#include "access.h"
 #include "activity.h"
 #include "trace/trace.h"
 

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "tracker.h"
+#include "access.h"
 
 namespace spillway {
 namespace {
@@ -305,7 +305,7 @@ void ChromeTrace::on_transfer(const Transfer& t) {
   e.to_host = t.to_host;
   e.cause = t.cause;
   e.device = t.device;
-  e.for_correlation = Tracker::current_correlation();
+  e.for_correlation = CurrentCall::correlation();
   e.ptr = t.ptr;
   e.bytes = t.bytes;
   e.a = reinterpret_cast<uint64_t>(t.stream);

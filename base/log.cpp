@@ -36,12 +36,12 @@ spdlog::level::level_enum to_spdlog(LogLevel l) {
 
 }  // namespace
 
-bool init(const Config& cfg, std::string* why) {
+bool init(LogLevel level, const std::string& file, std::string* why) {
   auto& l = logger();
   bool ok = true;
-  if (!cfg.log_file.empty()) {
+  if (!file.empty()) {
     try {
-      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg.log_file, false);
+      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, false);
       l = std::make_shared<spdlog::logger>("spillway", sink);
     } catch (const spdlog::spdlog_ex& e) {
       ok = false;
@@ -49,7 +49,7 @@ bool init(const Config& cfg, std::string* why) {
     }
   }
   l->set_pattern("[spillway %L] %v");
-  l->set_level(to_spdlog(cfg.log_level));
+  l->set_level(to_spdlog(level));
   l->flush_on(spdlog::level::warn);
   return ok;
 }

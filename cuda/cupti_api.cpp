@@ -20,7 +20,7 @@ const Api* load(const std::string& path, std::string* why) {
       return;
     }
     bool ok = true;
-#define CUPTI_ENTRY_POINT(name)                                  \
+#define CUPTI_ENTRY_POINT(name)                                     \
   api.name = reinterpret_cast<decltype(api.name)>(dlsym(h, #name)); \
   if (!api.name && ok) {                                            \
     ok = false;                                                     \

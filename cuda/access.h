@@ -1,5 +1,6 @@
-// What the tracker reports to: the allocator, through this interface, so
-// that cupti_trace/ does not depend on the allocator's internals.
+// The access interface: what the tracker (cupti_trace/) reports to the
+// allocator (shim/), and what both sides read. The one header the two share,
+// so that neither depends on the other's internals.
 #pragma once
 
 #include <cuda.h>
@@ -28,6 +29,18 @@ class InternalCalls {
  private:
   bool outer_;
   static inline thread_local bool active_ = false;
+};
+
+// The CUPTI correlation id of the job's driver call whose callback this
+// thread is handling (0 outside one), set by the tracker: the copies spillway
+// makes for that call belong to it in the trace.
+class CurrentCall {
+ public:
+  static uint32_t correlation() { return correlation_; }
+  static void set_correlation(uint32_t id) { correlation_ = id; }
+
+ private:
+  static inline thread_local uint32_t correlation_ = 0;
 };
 
 // The work about to use some ranges: what the policy, the trace and the
