@@ -1,0 +1,47 @@
+// One allocation spillway serves, and the states a large block moves through.
+// Every part of the allocator reads this one struct; the allocator's lock
+// guards every field.
+//
+//   kDevice --start_evict--> kEvicting --finish_evict--> kHost
+//      ^                        |  (cancelled: used or freed meanwhile)   |
+//      +------------------------+<----------------restore-----------------+
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "events.h"
+#include "raii.h"
+
+namespace spillway {
+
+struct Block {
+  enum class Where : uint8_t {
+    kDevice,    // device memory behind ptr
+    kEvicting,  // device memory still behind ptr; a copy to the host in flight
+    kHost,      // host memory behind ptr (mapped there, or managed pages on the host)
+  };
+  uintptr_t ptr = 0;
+  size_t size = 0;              // requested bytes while live
+  size_t cap = 0;               // bytes behind it: a granule multiple for large blocks
+  CUstream stream = nullptr;    // the allocation stream: its free list on reuse
+  std::vector<CUstream> users;  // other streams seen using it (contract 3)
+  bool large = false;
+  bool live = false;
+  Where where = Where::kDevice;
+  bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
+  // Host backing: the physical handles behind it, and the scratch mapping of
+  // the copy in flight.
+  CUmemGenericAllocationHandle dev = 0, host = 0;
+  uintptr_t scratch = 0;
+  uint64_t last_use = 0;
+  uint32_t holds = 0;            // graphs, collectives, pins: not evicted while > 0
+  Cause cause = Cause::kBudget;  // kEvicting: why
+  uint64_t queued_ns = 0;        // kEvicting: when the copy was queued
+  std::vector<Event> pending;    // freed: events on `users` that must complete first
+};
+
+}  // namespace spillway

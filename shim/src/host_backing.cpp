@@ -1,0 +1,205 @@
+// SPILLWAY_MODE=host (design.md 4.1): a large block's address range is
+// remapped between device memory and pinned host memory, so its pointer never
+// changes and an access nobody predicted reads host memory over the link:
+// slow, correct.
+#include "backing.h"
+#include "log.h"
+
+namespace spillway {
+namespace {
+
+CUmemAllocationProp host_prop(const cu::Driver& d, int device) {
+  // Host memory on the GPU's own NUMA node, so that copies do not cross
+  // sockets; plain HOST if it has none.
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  CUdevice dev = 0;
+  int numa = -1;
+  if (d.cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
+      d.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) != CUDA_SUCCESS)
+    numa = -1;
+  p.location.type = numa >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+  p.location.id = numa >= 0 ? numa : 0;
+  return p;
+}
+
+class HostBacking final : public Backing {
+ public:
+  explicit HostBacking(const BackingParts& p) : p_(p), host_(p.d, host_prop(p.d, p.device)) {}
+
+  Block* create(size_t cap, CUstream stream) override {
+    CUmemGenericAllocationHandle h = 0;
+    if (p_.room.take_device(cap, &h) != CUDA_SUCCESS) return nullptr;
+    uintptr_t va = p_.arena.take(cap);
+    if (!va) {
+      log::error("the VA arena ({} bytes) is exhausted", p_.arena.size());
+      p_.dev.give(h, cap);
+      return nullptr;
+    }
+    if (CUresult r = map_rw(p_.d, va, cap, h, p_.device); r != CUDA_SUCCESS) {
+      log::error("mapping {} bytes at {:#x} failed: {}", cap, va, cu::describe(p_.d, r));
+      p_.arena.give(va, cap);
+      p_.dev.give(h, cap);
+      return nullptr;
+    }
+    Block* b = p_.table.make();
+    b->ptr = va;
+    b->cap = cap;
+    b->large = true;
+    b->dev = h;
+    b->stream = stream;
+    p_.table.place(b);
+    return b;
+  }
+
+  Start start_evict(Block* b, uint64_t host_budget, bool* failed) override {
+    // Host memory counts against its budget whether in use or pooled.
+    if (host_budget && !host_.has(b->cap)) {
+      const size_t want = host_.held() + b->cap;
+      if (want > host_budget) host_.trim(want - host_budget);
+      if (host_.held() + b->cap > host_budget) {
+        log::warn("host budget of {} bytes reached: block {:#x} ({} bytes) stays on the device",
+                  host_budget, b->ptr, b->cap);
+        return Start::kStop;
+      }
+    }
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = host_.take(b->cap, &h);
+    if (r != CUDA_SUCCESS) {
+      log::warn("host memory for eviction ({} bytes) unavailable: {}", b->cap,
+                cu::describe(p_.d, r));
+      *failed = true;
+      return Start::kStop;
+    }
+    // The copy goes into host memory mapped at a scratch address, on the D2H
+    // stream, after everything already queued on the streams that use it.
+    uintptr_t scratch = p_.arena.take(b->cap);
+    if (!scratch || map_rw(p_.d, scratch, b->cap, h, p_.device) != CUDA_SUCCESS) {
+      if (scratch) p_.arena.give(scratch, b->cap);
+      host_.give(h, b->cap);
+      *failed = true;
+      return Start::kStop;
+    }
+    const CUstream d2h = p_.streams.d2h();
+    if ((r = p_.streams.order_after_users(d2h, *b)) != CUDA_SUCCESS ||
+        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, d2h)) != CUDA_SUCCESS) {
+      log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
+      CU_CALL(p_.d, cuMemUnmap, scratch, b->cap);
+      p_.arena.give(scratch, b->cap);
+      host_.give(h, b->cap);
+      *failed = true;
+      return Start::kFailed;
+    }
+    b->where = Block::Where::kEvicting;
+    b->host = h;
+    b->scratch = scratch;
+    return Start::kStarted;
+  }
+
+  bool finish_evict(Block* b, bool copied) override {
+    // Swap the block's address to its host copy, unless the eviction was
+    // cancelled or a step fails: then the device memory, still mapped and
+    // intact, stays.
+    bool swapped = false;
+    const bool scratch_unmapped = CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS;
+    if (copied && scratch_unmapped && !b->cancel &&
+        CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
+      swapped = map_rw(p_.d, b->ptr, b->cap, b->host, p_.device) == CUDA_SUCCESS;
+      if (!swapped) map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device);  // put the device memory back
+    }
+    if (scratch_unmapped) p_.arena.give(b->scratch, b->cap);  // else leak VA rather than alias it
+    b->scratch = 0;
+    if (swapped) {
+      p_.dev.give(b->dev, b->cap);
+      b->dev = 0;
+      b->where = Block::Where::kHost;
+    } else {
+      host_.give(b->host, b->cap);
+      b->host = 0;
+      b->where = Block::Where::kDevice;
+    }
+    return swapped;
+  }
+
+  void cancel_evict(Block*, const CUstream*) override {
+    // Its device memory is still mapped and current: keeping it is all.
+  }
+
+  CUresult restore(Block* b, const CUstream* /*consumer*/) override {
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = p_.room.take_device(b->cap, &h);
+    if (r != CUDA_SUCCESS) return r;
+    uintptr_t scratch = p_.arena.take(b->cap);
+    if (!scratch || (r = map_rw(p_.d, scratch, b->cap, h, p_.device)) != CUDA_SUCCESS) {
+      if (scratch) p_.arena.give(scratch, b->cap);
+      p_.dev.give(h, b->cap);
+      return scratch ? r : CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // The host copy may have been written through its mapping by work queued
+    // on any stream that uses the block: copy after all of it. The swap of
+    // mappings below needs the copy done, so the host waits for it.
+    const CUstream h2d = p_.streams.h2d();
+    if ((r = p_.streams.order_after_users(h2d, *b)) == CUDA_SUCCESS &&
+        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, h2d)) == CUDA_SUCCESS)
+      r = p_.streams.drain(h2d);
+    bool ok = r == CUDA_SUCCESS && CU_CALL(p_.d, cuMemUnmap, scratch, b->cap) == CUDA_SUCCESS;
+    bool unmapped = ok && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
+    if (unmapped && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
+      p_.arena.give(scratch, b->cap);
+      host_.give(b->host, b->cap);
+      b->host = 0;
+      b->dev = h;
+      b->where = Block::Where::kDevice;
+      return CUDA_SUCCESS;
+    }
+    // Roll back: the host copy stays mapped at the block's address.
+    if (unmapped) map_rw(p_.d, b->ptr, b->cap, b->host, p_.device);
+    if (!ok) CU_CALL(p_.d, cuMemUnmap, scratch, b->cap);
+    p_.arena.give(scratch, b->cap);
+    p_.dev.give(h, b->cap);
+    log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
+    return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
+  }
+
+  bool release(Block* b) override {
+    if (CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
+    if (b->where == Block::Where::kHost)
+      host_.give(b->host, b->cap);
+    else
+      p_.dev.give(b->dev, b->cap);
+    p_.arena.give(b->ptr, b->cap);
+    p_.table.forget(b);
+    return true;
+  }
+
+  void release_all() override {
+    // Every mapping in the arena goes, and its memory back to the pools,
+    // which release it; then the arena's range can be freed.
+    for (const auto& owned : p_.table.all()) {
+      const Block* b = owned.get();
+      if (!b->large) continue;
+      CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
+      if (b->scratch) CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap);
+      if (b->dev) p_.dev.give(b->dev, b->cap);
+      if (b->host) host_.give(b->host, b->cap);
+    }
+  }
+
+  uint64_t device_beyond_pool() const override { return 0; }
+  uint64_t host_held() const override { return host_.held(); }
+  uint64_t added_by(size_t need) const override { return p_.dev.has(need) ? 0 : need; }
+  uint64_t host_creates() const override { return host_.creates(); }
+  uint64_t host_reserved() const override { return host_.held() - host_.pooled(); }
+
+ private:
+  BackingParts p_;
+  PhysPool host_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backing> make_host_backing(const BackingParts& parts) {
+  return std::make_unique<HostBacking>(parts);
+}
+
+}  // namespace spillway

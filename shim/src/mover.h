@@ -1,0 +1,58 @@
+// The background mover: evicts ahead of need from its own thread when
+// resident memory nears the budget, so that allocations rarely wait for an
+// eviction copy themselves. A batch is chosen and its copies queued under the
+// allocator's lock (`begin`), the copies run and are waited for without it,
+// and the swap to host memory happens under the lock again (`end`).
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <vector>
+
+#include "block.h"
+#include "driver.h"
+#include "raii.h"
+#include "worker.h"
+
+namespace spillway {
+
+class Mover {
+ public:
+  struct Batch {
+    std::vector<Block*> blocks;  // evictions started (kEvicting)
+    bool recorded = false;       // `done` was recorded after their copies
+  };
+  // begin(done): under the allocator's lock, start a batch and record `done`
+  // on the copy stream after it; an empty batch ends the round.
+  // end(batch, copied): under the lock, finish it.
+  using Begin = std::function<Batch(CUevent done)>;
+  using End = std::function<void(Batch& batch, bool copied)>;
+
+  Mover(const cu::Driver& d, Begin begin, End end, std::function<void()> before_swap)
+      : d_(d),
+        done_(d),
+        begin_(std::move(begin)),
+        end_(std::move(end)),
+        before_swap_(std::move(before_swap)) {}
+  ~Mover() { stop(); }
+
+  void start();
+  // Resident memory crossed the high watermark: run a round now.
+  void wake() { worker_.wake(); }
+  // Waits for the round in progress. Idempotent.
+  void stop() { worker_.stop(); }
+  bool running() const { return worker_.running(); }
+
+ private:
+  void round();
+
+  const cu::Driver& d_;
+  Event done_;
+  Begin begin_;
+  End end_;
+  std::function<void()> before_swap_;  // test seam: after the copies, before the swap
+  Worker worker_;
+};
+
+}  // namespace spillway

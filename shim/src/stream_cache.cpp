@@ -1,0 +1,200 @@
+#include "stream_cache.h"
+
+#include <algorithm>
+
+namespace spillway {
+
+Block* StreamCache::take_large(size_t cap, size_t slack, CUstream stream, CopyStreams& streams) {
+  const size_t limit = cap + slack;
+  auto take_from = [&](SizeLists& m) -> Block* {
+    for (auto it = m.lower_bound(cap); it != m.end() && it->first <= limit; ++it) {
+      if (it->second.empty()) continue;
+      Block* b = it->second.back();
+      it->second.pop_back();
+      return b;
+    }
+    return nullptr;
+  };
+  if (auto it = large_.find(stream); it != large_.end())
+    if (Block* b = take_from(it->second)) return b;
+  // Another stream's free block: usable once this stream is ordered after all
+  // the work the freeing stream had queued (contract 3).
+  for (auto& [other, m] : large_) {
+    if (other == stream) continue;
+    if (Block* b = take_from(m)) {
+      if (streams.order_after(stream, other) == CUDA_SUCCESS) return b;
+      m[b->cap].push_back(b);  // could not order: leave it where it was
+    }
+  }
+  return nullptr;
+}
+
+void StreamCache::give(Block* b, CUstream evicting_on) {
+  // Its eviction copy reads it: reusable only once that copy is done, so that
+  // a new owner's writes do not race it.
+  if (evicting_on) {
+    Event e = take_event();
+    if (CU_CALL(d_, cuEventRecord, e.get(), evicting_on) == CUDA_SUCCESS)
+      b->pending.push_back(std::move(e));
+  }
+  // Streams other than the allocation stream that used the block may still
+  // have work on it queued: it becomes reusable when events recorded on each
+  // of them now have completed (PyTorch's record_stream, done for the user).
+  for (CUstream u : b->users) {
+    Event e = take_event();
+    if (CU_CALL(d_, cuEventRecord, e.get(), u) == CUDA_SUCCESS) b->pending.push_back(std::move(e));
+  }
+  b->users.clear();
+  if (!b->pending.empty()) {
+    pending_.push_back(b);
+    return;
+  }
+  make_reusable(b);
+}
+
+void StreamCache::make_reusable(Block* b) {
+  // The block returns to its allocation stream, whatever stream freed it:
+  // that is the stream its last uses are ordered on.
+  if (b->large)
+    large_[b->stream][b->cap].push_back(b);
+  else
+    small_[{b->stream, b->cap}].push_back(b);
+}
+
+void StreamCache::process_pending() {
+  for (size_t i = 0; i < pending_.size();) {
+    Block* b = pending_[i];
+    bool done = true;
+    for (const Event& e : b->pending) done = done && d_.cuEventQuery(e.get()) == CUDA_SUCCESS;
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (Event& e : b->pending) events_.push_back(std::move(e));
+    b->pending.clear();
+    make_reusable(b);
+    pending_[i] = pending_.back();
+    pending_.pop_back();
+  }
+}
+
+Event StreamCache::take_event() {
+  if (events_.empty()) return Event(d_);
+  Event e = std::move(events_.back());
+  events_.pop_back();
+  return e;
+}
+
+Block* StreamCache::reuse_small(size_t n, CUstream stream) {
+  auto it = small_.find({stream, n});
+  if (it == small_.end() || it->second.empty()) return nullptr;
+  Block* b = it->second.back();
+  it->second.pop_back();
+  return b;
+}
+
+uintptr_t StreamCache::carve_small(size_t n, CUstream stream) {
+  auto carve = [&]() -> uintptr_t {
+    for (Chunk* c : stream_chunks_[stream])
+      if (uintptr_t p = c->free.take(n)) return p;
+    return 0;
+  };
+  uintptr_t p = carve();
+  if (!p && !small_.empty()) {
+    flush_small();  // coalesce what other sizes left behind first
+    p = carve();
+  }
+  return p;
+}
+
+uintptr_t StreamCache::add_chunk(uintptr_t va, size_t size, CUmemGenericAllocationHandle h,
+                                 CUstream stream, size_t n) {
+  auto c = std::make_unique<Chunk>();
+  c->va = va;
+  c->size = size;
+  c->handle = h;
+  c->stream = stream;
+  c->free.give(va, size);
+  Chunk* raw = c.get();
+  chunks_[va] = std::move(c);
+  stream_chunks_[stream].push_back(raw);
+  small_bytes_ += size;
+  return raw->free.take(n);
+}
+
+void StreamCache::flush_small() {
+  for (auto& [key, v] : small_) {
+    for (Block* b : v) {
+      chunk_of(b->ptr)->free.give(b->ptr, b->cap);
+      table_.recycle(b);
+    }
+  }
+  small_.clear();
+}
+
+StreamCache::Chunk* StreamCache::chunk_of(uintptr_t p) {
+  auto it = chunks_.upper_bound(p);
+  if (it == chunks_.begin()) return nullptr;
+  --it;
+  return p < it->first + it->second->size ? it->second.get() : nullptr;
+}
+
+size_t StreamCache::release_chunks(size_t want, CopyStreams& streams,
+                                   const ReleaseChunk& release_chunk) {
+  flush_small();  // cached small blocks keep their chunks busy
+  size_t freed = 0;
+  for (auto& [stream, v] : stream_chunks_) {
+    bool drained = false;
+    for (auto it = v.begin(); it != v.end() && freed < want;) {
+      Chunk* c = *it;
+      if (c->free.free_bytes() != c->size) {
+        ++it;
+        continue;
+      }
+      if (!drained && streams.drain(stream) != CUDA_SUCCESS) break;
+      drained = true;
+      if (!release_chunk(c->va, c->size, c->handle)) {
+        ++it;
+        continue;
+      }
+      freed += c->size;
+      small_bytes_ -= c->size;
+      it = v.erase(it);
+      chunks_.erase(c->va);
+    }
+  }
+  return freed;
+}
+
+size_t StreamCache::release(size_t want, CopyStreams& streams, const ReleaseChunk& release_chunk,
+                            const ReleaseLarge& release_large) {
+  size_t freed = release_chunks(want, streams, release_chunk);
+  for (auto& [stream, m] : large_) {
+    if (freed >= want) break;
+    bool any = false;
+    for (auto& [cap, v] : m) any = any || !v.empty();
+    if (!any || streams.drain(stream) != CUDA_SUCCESS) continue;
+    for (auto& [cap, v] : m) {
+      for (size_t i = 0; i < v.size() && freed < want;) {
+        Block* b = v[i];
+        // A block whose eviction was cancelled is referenced by that batch
+        // until it finishes.
+        if (b->where != Block::Where::kDevice) {
+          ++i;
+          continue;
+        }
+        const size_t bytes = b->cap;
+        if (!release_large(b)) {
+          ++i;
+          continue;
+        }
+        freed += bytes;
+        v[i] = v.back();
+        v.pop_back();
+      }
+    }
+  }
+  return freed;
+}
+
+}  // namespace spillway
