@@ -266,34 +266,9 @@ Stats Runtime::stats() {
   std::lock_guard lk(mu_);
   for (auto& a : allocators_) {
     if (!a) continue;
-    Stats s = a->stats();
     // Devices are summed; a multi-device job reads per-device figures from
     // the per-rank files (one process per GPU is the norm).
-    sum.budget_bytes += s.budget_bytes;
-    sum.host_budget_bytes = s.host_budget_bytes;
-    sum.resident_bytes += s.resident_bytes;
-    sum.peak_resident_bytes += s.peak_resident_bytes;
-    sum.live_bytes += s.live_bytes;
-    sum.peak_live_bytes += s.peak_live_bytes;
-    sum.reserved_bytes += s.reserved_bytes;
-    sum.small_pool_bytes += s.small_pool_bytes;
-    sum.host_bytes += s.host_bytes;
-    sum.peak_host_bytes += s.peak_host_bytes;
-    sum.mallocs += s.mallocs;
-    sum.frees += s.frees;
-    sum.cache_hits += s.cache_hits;
-    sum.bad_frees += s.bad_frees;
-    sum.ooms += s.ooms;
-    sum.blocks_evicted += s.blocks_evicted;
-    sum.blocks_restored += s.blocks_restored;
-    sum.bytes_evicted += s.bytes_evicted;
-    sum.bytes_restored += s.bytes_restored;
-    sum.evictions_failed += s.evictions_failed;
-    sum.evictions_cancelled += s.evictions_cancelled;
-    sum.background_batches += s.background_batches;
-    sum.device_creates += s.device_creates;
-    sum.host_creates += s.host_creates;
-    sum.cached_releases += s.cached_releases;
+    add_device(&sum, a->stats());
   }
   return sum;
 }

@@ -4,6 +4,16 @@
 
 namespace spillway {
 
+void add_device(Stats* sum, const Stats& d) {
+#define SUM(name) sum->name += d.name;
+#define SAME(name) sum->name = d.name;
+#define SPILLWAY_STAT(name, combine, meaning) combine(name)
+#include "stats_fields.def"
+#undef SPILLWAY_STAT
+#undef SAME
+#undef SUM
+}
+
 std::string to_json(const Stats& s, uint64_t steps) {
   std::string out = "{";
   auto add = [&](const char* k, uint64_t v) {
@@ -14,32 +24,9 @@ std::string to_json(const Stats& s, uint64_t steps) {
     out += std::to_string(v);
   };
   add("steps", steps);
-  add("blind", s.blind);
-  add("budget_bytes", s.budget_bytes);
-  add("host_budget_bytes", s.host_budget_bytes);
-  add("resident_bytes", s.resident_bytes);
-  add("peak_resident_bytes", s.peak_resident_bytes);
-  add("live_bytes", s.live_bytes);
-  add("peak_live_bytes", s.peak_live_bytes);
-  add("reserved_bytes", s.reserved_bytes);
-  add("small_pool_bytes", s.small_pool_bytes);
-  add("host_bytes", s.host_bytes);
-  add("peak_host_bytes", s.peak_host_bytes);
-  add("mallocs", s.mallocs);
-  add("frees", s.frees);
-  add("cache_hits", s.cache_hits);
-  add("bad_frees", s.bad_frees);
-  add("ooms", s.ooms);
-  add("blocks_evicted", s.blocks_evicted);
-  add("blocks_restored", s.blocks_restored);
-  add("bytes_evicted", s.bytes_evicted);
-  add("bytes_restored", s.bytes_restored);
-  add("evictions_failed", s.evictions_failed);
-  add("evictions_cancelled", s.evictions_cancelled);
-  add("background_batches", s.background_batches);
-  add("device_creates", s.device_creates);
-  add("host_creates", s.host_creates);
-  add("cached_releases", s.cached_releases);
+#define SPILLWAY_STAT(name, combine, meaning) add(#name, s.name);
+#include "stats_fields.def"
+#undef SPILLWAY_STAT
   double frag = s.reserved_bytes ? 1.0 - static_cast<double>(s.live_bytes) /
                                              static_cast<double>(s.reserved_bytes)
                                  : 0.0;

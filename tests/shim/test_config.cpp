@@ -401,6 +401,25 @@ TEST(ShimDocs, EveryStatisticsKeyIsDocumented) {
 
 }  // namespace
 
+// Runtime::stats adds the devices' figures with add_device: counts and
+// levels are summed, a setting every device shares is taken as it is.
+TEST(Stats, DevicesAreSummedAndSharedSettingsKept) {
+  spillway::Stats a, b, sum;
+  a.bytes_evicted = 3;
+  b.bytes_evicted = 4;
+  a.peak_resident_bytes = 10;
+  b.peak_resident_bytes = 20;
+  a.host_budget_bytes = b.host_budget_bytes = 64;
+  spillway::add_device(&sum, a);
+  spillway::add_device(&sum, b);
+  EXPECT_EQ(7u, sum.bytes_evicted);
+  EXPECT_EQ(30u, sum.peak_resident_bytes);
+  EXPECT_EQ(64u, sum.host_budget_bytes);
+  const std::string json = spillway::to_json(sum, 2);
+  EXPECT_NE(json.find("\"bytes_evicted\": 7,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"steps\": 2,"), std::string::npos) << json;
+}
+
 TEST(Config, TraceRecordAndStacksAreParsedAndBadValuesRefused) {
   EXPECT_EQ(accepted("SPILLWAY_TRACE", "run.json").trace_file, "run.json");
   EXPECT_EQ(accepted("SPILLWAY_RECORD", "job.spwt").record_file, "job.spwt");
