@@ -10,6 +10,11 @@
 // queued at the outermost ncclGroupEnd, so the holds of every call of the
 // group last until all the group's streams are past it.
 //
+// Each hook is one INTERCEPTOR(ret, name, params...) { ... } that calls on
+// through REAL(name) (the macros are defined just above the hooks), so that
+// the signature is written once and a new entry point is its definition, its
+// name in SPILLWAY_NCCL_REAL and a line in libspillway.map.
+//
 // No NCCL header is needed: the few types used are NCCL's ABI (ints and
 // pointers), declared here.
 #include <dlfcn.h>
@@ -46,33 +51,26 @@ size_t type_size(DataType t) {
   return t >= 0 && static_cast<size_t>(t) < std::size(kSizes) ? kSizes[t] : 0;
 }
 
-using AllReduceFn = Result (*)(const void*, void*, size_t, DataType, RedOp, Comm, CUstream);
-using AllGatherFn = Result (*)(const void*, void*, size_t, DataType, Comm, CUstream);
-using ReduceScatterFn = Result (*)(const void*, void*, size_t, DataType, RedOp, Comm, CUstream);
-using BroadcastFn = Result (*)(const void*, void*, size_t, DataType, int, Comm, CUstream);
-using ReduceFn = Result (*)(const void*, void*, size_t, DataType, RedOp, int, Comm, CUstream);
-using SendFn = Result (*)(const void*, size_t, DataType, int, Comm, CUstream);
-using RecvFn = Result (*)(void*, size_t, DataType, int, Comm, CUstream);
-using GroupFn = Result (*)();
 using CommIntFn = Result (*)(Comm, int*);
 
-// The next definitions, looked up once.
-struct Next {
-  AllReduceFn all_reduce = nullptr;
-  AllGatherFn all_gather = nullptr;
-  ReduceScatterFn reduce_scatter = nullptr;
-  BroadcastFn broadcast = nullptr;
-  ReduceFn reduce = nullptr;
-  SendFn send = nullptr;
-  RecvFn recv = nullptr;
-  GroupFn group_start = nullptr;
-  GroupFn group_end = nullptr;
-  CommIntFn comm_count = nullptr;
-  CommIntFn comm_user_rank = nullptr;
-};
+// Every NCCL function reached through REAL(): the hooked ones, then the
+// queries the hooks make. REAL(name) of a name missing here does not compile.
+// clang-format off
+#define SPILLWAY_NCCL_REAL(X) \
+  X(ncclAllReduce)            \
+  X(ncclAllGather)            \
+  X(ncclReduceScatter)        \
+  X(ncclBroadcast)            \
+  X(ncclReduce)               \
+  X(ncclSend)                 \
+  X(ncclRecv)                 \
+  X(ncclGroupStart)           \
+  X(ncclGroupEnd)             \
+  X(ncclCommCount)            \
+  X(ncclCommUserRank)
+// clang-format on
 
-template <class F>
-void find(F* out, const char* name) {
+void* find(const char* name) {
   void* p = dlsym(RTLD_NEXT, name);
   // NCCL loaded with RTLD_LOCAL (dlopen by a framework) is not in the global
   // scope: look in it directly if it is loaded.
@@ -81,26 +79,29 @@ void find(F* out, const char* name) {
       p = dlsym(h, name);
       dlclose(h);
     }
-  *out = reinterpret_cast<F>(p);
+  return p;
 }
 
-const Next& next() {
-  static const Next n = [] {
-    Next x;
-    find(&x.all_reduce, "ncclAllReduce");
-    find(&x.all_gather, "ncclAllGather");
-    find(&x.reduce_scatter, "ncclReduceScatter");
-    find(&x.broadcast, "ncclBroadcast");
-    find(&x.reduce, "ncclReduce");
-    find(&x.send, "ncclSend");
-    find(&x.recv, "ncclRecv");
-    find(&x.group_start, "ncclGroupStart");
-    find(&x.group_end, "ncclGroupEnd");
-    find(&x.comm_count, "ncclCommCount");
-    find(&x.comm_user_rank, "ncclCommUserRank");
+// Untyped, so that the table can precede the hooks that give each entry its
+// type (REAL casts).
+struct RealTable {
+#define SPILLWAY_NCCL_SLOT(name) void* name = nullptr;
+  SPILLWAY_NCCL_REAL(SPILLWAY_NCCL_SLOT)
+#undef SPILLWAY_NCCL_SLOT
+};
+
+// Looked up together, once, on the first call of any hook: the hooks and the
+// queries they make then never disagree on which NCCL they reach, even if
+// one is loaded later.
+const RealTable& real_table() {
+  static const RealTable t = [] {
+    RealTable x;
+#define SPILLWAY_NCCL_FIND(name) x.name = find(#name);
+    SPILLWAY_NCCL_REAL(SPILLWAY_NCCL_FIND)
+#undef SPILLWAY_NCCL_FIND
     return x;
   }();
-  return n;
+  return t;
 }
 
 // The caller reached an NCCL entry point that no library after this one
@@ -298,92 +299,94 @@ int comm_int(CommIntFn f, Comm comm, int fallback) {
 
 using namespace spillway::nccl;
 
-#define NCCL_HOOK extern "C" __attribute__((visibility("default")))
+// INTERCEPTOR(ret, name, params...) { body } defines the exported `name`,
+// whose body reaches the definition it stands in front of as REAL(name): null
+// when no library after this one defines it, so each body checks it first.
+// DECLARE_REAL types a function the hooks call without interposing on it.
+#define DECLARE_REAL(ret, name, ...) using name##_real_t = ret (*)(__VA_ARGS__)
+#define INTERCEPTOR(ret, name, ...)     \
+  DECLARE_REAL(ret, name, __VA_ARGS__); \
+  extern "C" __attribute__((visibility("default"))) ret name(__VA_ARGS__)
+#define REAL(name) reinterpret_cast<name##_real_t>(::spillway::nccl::real_table().name)
 
-NCCL_HOOK Result ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                               DataType datatype, RedOp op, Comm comm, CUstream stream) {
-  const Next& n = next();
-  if (!n.all_reduce) return missing("ncclAllReduce");
+DECLARE_REAL(Result, ncclCommCount, Comm comm, int* count);
+DECLARE_REAL(Result, ncclCommUserRank, Comm comm, int* rank);
+
+INTERCEPTOR(Result, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count,
+            DataType datatype, RedOp op, Comm comm, CUstream stream) {
+  if (!REAL(ncclAllReduce)) return missing(__func__);
   const size_t b = bytes(count, datatype);
-  return around("ncclAllReduce", sendbuff, b, recvbuff, b, stream, [&] {
-    return n.all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  return around(__func__, sendbuff, b, recvbuff, b, stream, [&] {
+    return REAL(ncclAllReduce)(sendbuff, recvbuff, count, datatype, op, comm, stream);
   });
 }
 
-NCCL_HOOK Result ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                               DataType datatype, Comm comm, CUstream stream) {
-  const Next& n = next();
-  if (!n.all_gather) return missing("ncclAllGather");
+INTERCEPTOR(Result, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount,
+            DataType datatype, Comm comm, CUstream stream) {
+  if (!REAL(ncclAllGather)) return missing(__func__);
   const size_t b = bytes(sendcount, datatype);
-  const size_t ranks = static_cast<size_t>(std::max(1, comm_int(n.comm_count, comm, 1)));
-  return around("ncclAllGather", sendbuff, b, recvbuff, b * ranks, stream, [&] {
-    return n.all_gather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+  const size_t ranks = static_cast<size_t>(std::max(1, comm_int(REAL(ncclCommCount), comm, 1)));
+  return around(__func__, sendbuff, b, recvbuff, b * ranks, stream, [&] {
+    return REAL(ncclAllGather)(sendbuff, recvbuff, sendcount, datatype, comm, stream);
   });
 }
 
-NCCL_HOOK Result ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                   DataType datatype, RedOp op, Comm comm, CUstream stream) {
-  const Next& n = next();
-  if (!n.reduce_scatter) return missing("ncclReduceScatter");
+INTERCEPTOR(Result, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+            DataType datatype, RedOp op, Comm comm, CUstream stream) {
+  if (!REAL(ncclReduceScatter)) return missing(__func__);
   const size_t b = bytes(recvcount, datatype);
-  const size_t ranks = static_cast<size_t>(std::max(1, comm_int(n.comm_count, comm, 1)));
-  return around("ncclReduceScatter", sendbuff, b * ranks, recvbuff, b, stream, [&] {
-    return n.reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+  const size_t ranks = static_cast<size_t>(std::max(1, comm_int(REAL(ncclCommCount), comm, 1)));
+  return around(__func__, sendbuff, b * ranks, recvbuff, b, stream, [&] {
+    return REAL(ncclReduceScatter)(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
   });
 }
 
-NCCL_HOOK Result ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                               DataType datatype, int root, Comm comm, CUstream stream) {
-  const Next& n = next();
-  if (!n.broadcast) return missing("ncclBroadcast");
+INTERCEPTOR(Result, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count,
+            DataType datatype, int root, Comm comm, CUstream stream) {
+  if (!REAL(ncclBroadcast)) return missing(__func__);
   const size_t b = bytes(count, datatype);
   // sendbuff is read on the root only (elsewhere it may be anything).
-  const bool is_root = comm_int(n.comm_user_rank, comm, root) == root;
-  return around("ncclBroadcast", is_root ? sendbuff : nullptr, b, recvbuff, b, stream, [&] {
-    return n.broadcast(sendbuff, recvbuff, count, datatype, root, comm, stream);
+  const bool is_root = comm_int(REAL(ncclCommUserRank), comm, root) == root;
+  return around(__func__, is_root ? sendbuff : nullptr, b, recvbuff, b, stream, [&] {
+    return REAL(ncclBroadcast)(sendbuff, recvbuff, count, datatype, root, comm, stream);
   });
 }
 
-NCCL_HOOK Result ncclReduce(const void* sendbuff, void* recvbuff, size_t count, DataType datatype,
-                            RedOp op, int root, Comm comm, CUstream stream) {
-  const Next& n = next();
-  if (!n.reduce) return missing("ncclReduce");
+INTERCEPTOR(Result, ncclReduce, const void* sendbuff, void* recvbuff, size_t count,
+            DataType datatype, RedOp op, int root, Comm comm, CUstream stream) {
+  if (!REAL(ncclReduce)) return missing(__func__);
   const size_t b = bytes(count, datatype);
   // recvbuff is written on the root only.
-  const bool is_root = comm_int(n.comm_user_rank, comm, root) == root;
-  return around("ncclReduce", sendbuff, b, is_root ? recvbuff : nullptr, b, stream, [&] {
-    return n.reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+  const bool is_root = comm_int(REAL(ncclCommUserRank), comm, root) == root;
+  return around(__func__, sendbuff, b, is_root ? recvbuff : nullptr, b, stream, [&] {
+    return REAL(ncclReduce)(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
   });
 }
 
-NCCL_HOOK Result ncclSend(const void* sendbuff, size_t count, DataType datatype, int peer,
-                          Comm comm, CUstream stream) {
-  const Next& n = next();
-  if (!n.send) return missing("ncclSend");
-  return around("ncclSend", sendbuff, bytes(count, datatype), nullptr, 0, stream,
-                [&] { return n.send(sendbuff, count, datatype, peer, comm, stream); });
+INTERCEPTOR(Result, ncclSend, const void* sendbuff, size_t count, DataType datatype, int peer,
+            Comm comm, CUstream stream) {
+  if (!REAL(ncclSend)) return missing(__func__);
+  return around(__func__, sendbuff, bytes(count, datatype), nullptr, 0, stream,
+                [&] { return REAL(ncclSend)(sendbuff, count, datatype, peer, comm, stream); });
 }
 
-NCCL_HOOK Result ncclRecv(void* recvbuff, size_t count, DataType datatype, int peer, Comm comm,
-                          CUstream stream) {
-  const Next& n = next();
-  if (!n.recv) return missing("ncclRecv");
-  return around("ncclRecv", nullptr, 0, recvbuff, bytes(count, datatype), stream,
-                [&] { return n.recv(recvbuff, count, datatype, peer, comm, stream); });
+INTERCEPTOR(Result, ncclRecv, void* recvbuff, size_t count, DataType datatype, int peer, Comm comm,
+            CUstream stream) {
+  if (!REAL(ncclRecv)) return missing(__func__);
+  return around(__func__, nullptr, 0, recvbuff, bytes(count, datatype), stream,
+                [&] { return REAL(ncclRecv)(recvbuff, count, datatype, peer, comm, stream); });
 }
 
-NCCL_HOOK Result ncclGroupStart() {
-  const Next& n = next();
-  if (!n.group_start) return missing("ncclGroupStart");
-  const Result r = n.group_start();
+INTERCEPTOR(Result, ncclGroupStart) {
+  if (!REAL(ncclGroupStart)) return missing(__func__);
+  const Result r = REAL(ncclGroupStart)();
   if (r == kSuccess) ++t_group.depth;
   return r;
 }
 
-NCCL_HOOK Result ncclGroupEnd() {
-  const Next& n = next();
-  if (!n.group_end) return missing("ncclGroupEnd");
-  const Result r = n.group_end();
+INTERCEPTOR(Result, ncclGroupEnd) {
+  if (!REAL(ncclGroupEnd)) return missing(__func__);
+  const Result r = REAL(ncclGroupEnd)();
   Group& g = t_group;
   if (g.depth == 0 || --g.depth > 0) return r;
   Record* rec = g.rec;
