@@ -122,7 +122,7 @@ void Recorder::on_access(const Access& a, const Touch* touches, size_t n) {
       const uintptr_t base = it->first;
       const size_t size = it->second.size;
       if (t.lo >= base + size) continue;
-      trace::Touch r{it->second.id, 0, size, trace::kModeUnknown};
+      trace::TouchRec r{it->second.id, 0, size, trace::kModeUnknown};
       // A range (a copy, a set) is recorded as it is; a pointer found in a
       // kernel's arguments ({p, p + 1}) as the whole allocation: the kernel
       // may use any of it.
@@ -136,10 +136,10 @@ void Recorder::on_access(const Access& a, const Touch* touches, size_t n) {
   }
 }
 
-void Recorder::add_touch(const trace::Touch& r, size_t size) {
+void Recorder::add_touch(const trace::TouchRec& r, size_t size) {
   // A launch that passes the same block twice touches it once.
   auto same = std::find_if(pending_touches_.begin(), pending_touches_.end(),
-                           [&](const trace::Touch& x) { return x.alloc == r.alloc; });
+                           [&](const trace::TouchRec& x) { return x.alloc == r.alloc; });
   if (same == pending_touches_.end()) {
     pending_touches_.push_back(r);
   } else if (same->offset != r.offset || same->length != r.length) {

@@ -53,7 +53,7 @@ class Recorder {
  private:
   Recorder() = default;
   void flush_launch();  // with mu_ held
-  void add_touch(const trace::Touch& t, size_t alloc_size);
+  void add_touch(const trace::TouchRec& t, size_t alloc_size);
   uint64_t stream_id(CUstream s);
   uint64_t string_id(const char* text);
   void failed();  // logs the writer's error once, then drops further events
@@ -62,11 +62,11 @@ class Recorder {
   std::string path_;
   trace::Writer w_;
   bool broken_ = false;
-  struct Live {
+  struct LiveAlloc {
     uint64_t id;
     size_t size;
   };
-  std::map<uintptr_t, Live> live_;  // by address: interior pointers resolve with upper_bound
+  std::map<uintptr_t, LiveAlloc> live_;  // by address: interior pointers resolve with upper_bound
   uint64_t next_alloc_ = 1;
   std::unordered_map<CUstream, uint64_t> streams_;
   std::unordered_map<const char*, uint64_t> names_;  // by pointer: kernel names are stable
@@ -78,7 +78,7 @@ class Recorder {
   uint64_t pending_stream_ = 0;
   uint64_t pending_name_ = 0;
   uint32_t pending_correlation_ = 0;
-  std::vector<trace::Touch> pending_touches_;
+  std::vector<trace::TouchRec> pending_touches_;
   // Launches waiting for their duration: correlation id -> LAUNCH index.
   std::unordered_map<uint32_t, uint64_t> awaiting_;
   // Own activity collection (collect_durations): a thread drains the buffers.

@@ -18,7 +18,7 @@ void ScheduleChooser::on_free(uint64_t id) {
   live_.erase(it);
 }
 
-void ScheduleChooser::on_access(const Access& a) {
+void ScheduleChooser::on_access(const Use& a) {
   // One order, even if reports from several threads interleave.
   const uint64_t launch = std::max(a.launch, last_launch_);
   // Position among the blocks this launch touches, in the order reported.
@@ -32,8 +32,8 @@ void ScheduleChooser::on_access(const Access& a) {
   const uint32_t at = since_start(launch);
   auto it = live_.find(a.block);
   if (it == live_.end())  // not seen allocated (made before this chooser)
-    it = live_.emplace(a.block, Live{Key{true, a.block}, true, launch, nullptr}).first;
-  Live& l = it->second;
+    it = live_.emplace(a.block, Tracked{Key{true, a.block}, true, launch, nullptr}).first;
+  Tracked& l = it->second;
   if (!l.keyed) {
     // Its first use: the launch's index in the step and the block's place in
     // it name the block in the next step.
@@ -44,7 +44,7 @@ void ScheduleChooser::on_access(const Access& a) {
   record(l, at);
 }
 
-void ScheduleChooser::record(Live& l, uint32_t at) {
+void ScheduleChooser::record(Tracked& l, uint32_t at) {
   if (!recording_) return;
   if (!l.uses) {
     auto [it, added] = cur_.try_emplace(l.key);
@@ -56,7 +56,7 @@ void ScheduleChooser::record(Live& l, uint32_t at) {
   uses.push_back(at);
   if (++recorded_ > max_units_) {
     Uses().swap(cur_);   // the memory too, not only the entries
-    recording_ = false;  // every Live's `uses` dangles: none is read until on_step
+    recording_ = false;  // every Tracked's `uses` dangles: none is read until on_step
   }
 }
 
@@ -93,7 +93,7 @@ uint64_t ScheduleChooser::next_use(uint64_t id) const {
   return it == live_.end() ? kUnknown : next_use(it->second);
 }
 
-uint64_t ScheduleChooser::next_use(const Live& l) const {
+uint64_t ScheduleChooser::next_use(const Tracked& l) const {
   if (!have_prev_ || !l.keyed) return kUnknown;
   const std::vector<uint32_t>* uses = predecessor_uses(l.key);
   if (!uses) return kUnknown;

@@ -36,7 +36,7 @@ class ScheduleChooser final : public VictimChooser {
   void on_alloc(uint64_t id) override;
   void on_free(uint64_t id) override;
   void on_step(uint64_t end) override;
-  void on_access(const Access& a) override;
+  void on_access(const Use& a) override;
   std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) override;
 
   // Launches from now to the block's next predicted use. For a block made in
@@ -70,7 +70,7 @@ class ScheduleChooser final : public VictimChooser {
   uint32_t now() const { return since_start(last_launch_); }
   const std::vector<uint32_t>* predecessor_uses(const Key& k) const;
 
-  struct Live {
+  struct Tracked {
     Key key;
     bool keyed;            // used (or carried) yet
     uint64_t last_launch;  // its latest use (or its allocation)
@@ -78,13 +78,13 @@ class ScheduleChooser final : public VictimChooser {
     // lookup, not two); reset when cur_ is replaced.
     std::vector<uint32_t>* uses;
   };
-  uint64_t next_use(const Live& l) const;
-  void record(Live& l, uint32_t at);
+  uint64_t next_use(const Tracked& l) const;
+  void record(Tracked& l, uint32_t at);
 
-  std::unordered_map<uint64_t, Live> live_;  // by block id
-  uint64_t cur_launch_ = 0;                  // the launch of the latest access
-  uint32_t pos_ = 0;                         // ... and its place in that launch
-  uint32_t prev_len_ = 0;                    // launches in the previous step
+  std::unordered_map<uint64_t, Tracked> live_;  // by block id
+  uint64_t cur_launch_ = 0;                     // the launch of the latest access
+  uint32_t pos_ = 0;                            // ... and its place in that launch
+  uint32_t prev_len_ = 0;                       // launches in the previous step
   Uses cur_, prev_;
   bool have_prev_ = false;
   bool recording_ = true;

@@ -18,7 +18,7 @@ struct Candidate {
 // One access the tracker saw, as the policy gets it (design.md 7: a learned
 // schedule needs which block, on which stream, at which launch, by which
 // kernel).
-struct Access {
+struct Use {
   uint64_t block;      // the allocator's handle for the block
   size_t bytes;        // its size
   uint64_t stream;     // an opaque stream identity
@@ -31,12 +31,12 @@ class VictimChooser {
   virtual ~VictimChooser() = default;
   // Every access to a block that may be evicted, in launch order, before the
   // work is queued. LRU needs none of it (the allocator keeps its ticks).
-  virtual void on_access(const Access&) {}
+  virtual void on_access(const Use&) {}
   // A block that may be evicted is allocated or freed; a training step ends
   // (spillway_mark_step).
   virtual void on_alloc(uint64_t /*id*/) {}
   virtual void on_free(uint64_t /*id*/) {}
-  // `end`: the number (Access::launch) of the step's last launch, copy or set.
+  // `end`: the number (Use::launch) of the step's last launch, copy or set.
   virtual void on_step(uint64_t /*end*/) {}
   // Picks blocks whose eviction frees at least `need` bytes, in the order to
   // evict them; fewer if the candidates do not add up to `need`.

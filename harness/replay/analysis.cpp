@@ -142,7 +142,7 @@ bool analyze(const std::string& path, int layers, Analysis& a, std::string& erro
     } else if (auto* l = std::get_if<LaunchRec>(&ev)) {
       if (step >= 0) a.compute_ns[step][phase] += l->duration_ns;
       if (phase == 1 && step >= 0) fwd_launches.push_back(i);
-      for (const Touch& t : l->touches) touch(t.alloc, t.mode, i);
+      for (const TouchRec& t : l->touches) touch(t.alloc, t.mode, i);
     } else if (auto* c = std::get_if<CopyRec>(&ev)) {
       if (step >= 0) a.compute_ns[step][phase] += c->duration_ns;
       if (c->dst.alloc) touch(c->dst.alloc, kModeWrite, i);

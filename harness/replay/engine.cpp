@@ -408,8 +408,8 @@ CUfunction Engine::kernel(uint64_t name, size_t n) {
 }
 
 bool Engine::launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
-                    const std::vector<Touch>& touches) {
-  for (const Touch& t : touches) {
+                    const std::vector<TouchRec>& touches) {
+  for (const TouchRec& t : touches) {
     if (!ensure(t.alloc, stream_id)) return false;
   }
   CUfunction f = kernel(name, touches.size());
@@ -423,7 +423,7 @@ bool Engine::launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
     w->parts.reserve(touches.size());
   }
   for (size_t i = 0; i < touches.size(); ++i) {
-    const Touch& t = touches[i];
+    const TouchRec& t = touches[i];
     Live& l = live_.at(t.alloc);
     params[2 + i] = reinterpret_cast<uint64_t>(l.ptr + (t.length ? t.offset : 0));
     if (!w) continue;
@@ -447,7 +447,7 @@ bool Engine::launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
   }
   if (static_cast<int64_t>(launches_) == o_.inject_corruption) {
     // Test seam: flip one byte the launch just wrote, behind the pattern's back.
-    for (const Touch& t : touches) {
+    for (const TouchRec& t : touches) {
       if (t.mode == kModeRead || t.length == 0) continue;
       uint64_t at = reinterpret_cast<uint64_t>(live_.at(t.alloc).ptr + t.offset);
       void* arg[] = {&at};
@@ -473,7 +473,7 @@ bool Engine::copy(const CopyRec& c) {
   if (both || c.kind == CopyKind::kMemset || c.kind == CopyKind::kDeviceToDevice) {
     // On the compute engine, as the sim runs device copies and sets: one
     // kernel that reads the source and writes the destination.
-    std::vector<Touch> t;
+    std::vector<TouchRec> t;
     if (c.src.alloc) t.push_back({c.src.alloc, c.src.offset, c.bytes, kModeRead});
     if (c.dst.alloc) t.push_back({c.dst.alloc, c.dst.offset, c.bytes, kModeWrite});
     uint64_t d = c.duration_ns;

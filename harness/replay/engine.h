@@ -99,7 +99,7 @@ class Engine {
   bool ensure(uint64_t id, uint64_t s);
   CUfunction kernel(uint64_t name, size_t n);
   bool launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
-              const std::vector<spillway::trace::Touch>& touches);
+              const std::vector<spillway::trace::TouchRec>& touches);
   bool copy(const spillway::trace::CopyRec& c);
   bool end_step();
   bool finish_oom();

@@ -7,9 +7,9 @@
 
 #include "schedule.h"
 
-using spillway::policy::Access;
 using spillway::policy::Candidate;
 using spillway::policy::ScheduleChooser;
+using spillway::policy::Use;
 
 namespace {
 

@@ -49,7 +49,7 @@ void write_transformer(const std::string& path, const Shape& s) {
     EXPECT_TRUE(w.alloc(id, size, 0, site));
     return id;
   };
-  auto launch = [&](uint64_t name, uint64_t ns, std::vector<Touch> t) {
+  auto launch = [&](uint64_t name, uint64_t ns, std::vector<TouchRec> t) {
     EXPECT_TRUE(w.launch(0, name, ns, t));
   };
   std::vector<uint64_t> W, G, M;

@@ -146,7 +146,7 @@ std::string r_free(uint64_t id) {
   vi(s, 0);
   return s;
 }
-std::string r_launch(uint64_t name, std::vector<Touch> touches) {
+std::string r_launch(uint64_t name, std::vector<TouchRec> touches) {
   std::string s;
   u8(s, 4);
   vi(s, 0);
@@ -314,7 +314,7 @@ TEST_F(TraceTest, BlocksAreAtMostOneMiBAndRecordsNeverSpanThem) {
   ASSERT_TRUE(w.open(path("big.spwt"), kMeta));
   ASSERT_TRUE(w.string(1, "k"));
   ASSERT_TRUE(w.alloc(1, 1 << 20, 0, 0));
-  std::vector<Touch> t{{1, 0, 1 << 19, kModeRead}, {1, 1 << 19, 1 << 19, kModeWrite}};
+  std::vector<TouchRec> t{{1, 0, 1 << 19, kModeRead}, {1, 1 << 19, 1 << 19, kModeWrite}};
   for (int i = 0; i < kLaunches; ++i) ASSERT_TRUE(w.launch(0, 1, 1000 + i, t));
   ASSERT_TRUE(w.close());
   const std::string bytes = slurp(path("big.spwt"));
@@ -368,7 +368,7 @@ TEST_F(TraceTest, WriterRefusesWhatTheFormatCannotHold) {
   EXPECT_NE(w3.error().find("does not fit"), std::string::npos);
   EXPECT_FALSE(w3.copy(0, static_cast<CopyKind>(7), 1, 1, {}, {}));
   EXPECT_FALSE(w3.phase(static_cast<PhaseKind>(4)));
-  Touch bad{1, 0, 1, 4};
+  TouchRec bad{1, 0, 1, 4};
   EXPECT_FALSE(w3.launch(0, 0, 0, {&bad, 1}));
   EXPECT_EQ(w3.records(), 0u);
   ASSERT_TRUE(w3.close());

@@ -336,11 +336,11 @@ TEST_F(TrackerTest, ARuntimeLaunchIsScannedOnceAndRestores) {
 TEST_F(TrackerTest, ThePolicyIsToldOfEveryAccess) {
   struct Recorder final : spillway::policy::VictimChooser {
     spillway::policy::LruChooser lru;
-    std::vector<spillway::policy::Access> seen;
+    std::vector<spillway::policy::Use> seen;
     std::vector<uint64_t> choose(std::vector<spillway::policy::Candidate> c, size_t need) override {
       return lru.choose(std::move(c), need);
     }
-    void on_access(const spillway::policy::Access& a) override { seen.push_back(a); }
+    void on_access(const spillway::policy::Use& a) override { seen.push_back(a); }
   };
   auto chooser = std::make_shared<Recorder>();
   tracker_.reset();  // one subscriber at a time

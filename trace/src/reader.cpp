@@ -227,7 +227,7 @@ bool Reader::parse_record(Event& out) noexcept {
                                                " touches, more than its block can hold");
       }
       r.touches.resize(n);
-      for (Touch& t : r.touches) {
+      for (TouchRec& t : r.touches) {
         if (!c.varint(t.alloc) || !c.varint(t.offset) || !c.varint(t.length) ||
             !c.u8(t.mode, "touch mode")) {
           return bad();
@@ -365,7 +365,7 @@ bool Reader::check_record(const Event& e) noexcept {
       const auto& r = std::get<LaunchRec>(e);
       if (!need_string(r.name, "LAUNCH name")) return false;
       for (size_t i = 0; i < r.touches.size(); ++i) {
-        const Touch& t = r.touches[i];
+        const TouchRec& t = r.touches[i];
         const std::string what = "touch " + std::to_string(i) + " of a LAUNCH";
         if (t.mode > kModeReadWrite) {
           return fail(at, what + " has mode " + std::to_string(t.mode) + " (not 0-3)");

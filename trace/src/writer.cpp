@@ -177,14 +177,14 @@ bool Writer::free(uint64_t alloc, uint64_t stream) noexcept {
 }
 
 bool Writer::launch(uint64_t stream, uint64_t name, uint64_t duration_ns,
-                    std::span<const Touch> touches) noexcept {
+                    std::span<const TouchRec> touches) noexcept {
   scratch_.clear();
   put_u8(scratch_, static_cast<uint8_t>(RecordType::kLaunch));
   put_varint(scratch_, stream);
   put_varint(scratch_, name);
   put_varint(scratch_, duration_ns);
   put_varint(scratch_, touches.size());
-  for (const Touch& t : touches) {
+  for (const TouchRec& t : touches) {
     if (t.mode > kModeReadWrite)
       return fail("touch mode " + std::to_string(t.mode) + " is not 0-3");
     put_varint(scratch_, t.alloc);

@@ -38,7 +38,7 @@ enum class RecordType : uint8_t {
   kDuration = 8,
 };
 
-// Touch modes (bit 0 read, bit 1 write; 0 unknown).
+// TouchRec modes (bit 0 read, bit 1 write; 0 unknown).
 inline constexpr uint8_t kModeUnknown = 0;
 inline constexpr uint8_t kModeRead = 1;
 inline constexpr uint8_t kModeWrite = 2;
@@ -52,12 +52,12 @@ enum class CopyKind : uint8_t {
 };
 enum class PhaseKind : uint8_t { kOther = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
 
-struct Touch {
+struct TouchRec {
   uint64_t alloc = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   uint8_t mode = kModeUnknown;
-  bool operator==(const Touch&) const = default;
+  bool operator==(const TouchRec&) const = default;
 };
 
 struct StringRec {
@@ -81,7 +81,7 @@ struct LaunchRec {
   uint64_t stream = 0;
   uint64_t name = 0;
   uint64_t duration_ns = 0;
-  std::vector<Touch> touches;
+  std::vector<TouchRec> touches;
   bool operator==(const LaunchRec&) const = default;
 };
 struct Ref {
@@ -159,7 +159,7 @@ class Writer {
   bool alloc(uint64_t alloc, uint64_t size, uint64_t stream, uint64_t site) noexcept;
   bool free(uint64_t alloc, uint64_t stream) noexcept;
   bool launch(uint64_t stream, uint64_t name, uint64_t duration_ns,
-              std::span<const Touch> touches) noexcept;
+              std::span<const TouchRec> touches) noexcept;
   bool copy(uint64_t stream, CopyKind kind, uint64_t bytes, uint64_t duration_ns, Ref dst,
             Ref src) noexcept;
   bool step(uint64_t step) noexcept;
