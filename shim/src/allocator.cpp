@@ -52,40 +52,6 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   size_t total = 0;
   CUdevice dev = 0;
   d.cuDeviceGet(&dev, o.device);
-  // Contract 4 for managed mode: without concurrent managed access the GPU
-  // cannot be prefetched to while other work runs (and the host may not touch
-  // managed memory while kernels run). Caching only, one warning, as below.
-  int concurrent = 0;
-  if (o.managed &&
-      (d.cuDeviceGetAttribute(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev) !=
-           CUDA_SUCCESS ||
-       !concurrent)) {
-    log::warn(
-        "device {} has no concurrent managed access "
-        "(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0): SPILLWAY_MODE=managed cannot "
-        "evict; eviction and the budget are off, spillway only caches allocations",
-        o.device);
-    a->o_.managed = false;
-    a->o_.evict = false;
-    a->o_.gpu_budget = 0;
-  }
-  int host_vmm = 0;
-  if (!o.managed && o.evict &&
-      (d.cuDeviceGetAttribute(&host_vmm,
-                              CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                              dev) != CUDA_SUCCESS ||
-       !host_vmm)) {
-    // Contract 4: no host memory to evict to, so no budget to keep: a budget
-    // without eviction would fail allocations the job could make without
-    // spillway. Caching only, as in SPILLWAY_MODE=off.
-    log::warn(
-        "device {} cannot map host memory into its address space "
-        "(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0): eviction "
-        "and the budget are off, spillway only caches allocations",
-        o.device);
-    a->o_.evict = false;
-    a->o_.gpu_budget = 0;
-  }
   d.cuDeviceTotalMem(&total, dev);
   // VA is cheap: room for the device's memory four times over, so evicted
   // blocks (which keep their addresses) never exhaust it.
@@ -101,7 +67,13 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
     return nullptr;
   }
   const BackingParts parts{d, o.device, a->arena_, a->dev_, *a->streams_, a->table_, *a};
-  a->backing_ = a->o_.managed ? make_managed_backing(parts) : make_host_backing(parts);
+  a->backing_ = make_backing(parts, o.managed, o.evict);
+  if (!a->backing_->evicts()) {
+    // Contract 4: no way to evict, so no budget to keep: a budget without
+    // eviction would fail allocations the job could make without spillway.
+    a->o_.evict = false;
+    a->o_.gpu_budget = 0;
+  }
   a->budget_ = Budget(a->o_.gpu_budget, o.host_budget, g);
   a->s_.budget_bytes = a->budget_.gpu();
   a->s_.host_budget_bytes = o.host_budget;

@@ -59,6 +59,9 @@ class Backing {
   };
   virtual ~Backing() = default;
 
+  // False: this backing cannot evict here (no host-memory VMM, no concurrent
+  // managed access, or SPILLWAY_MODE=off): the budget is off.
+  virtual bool evicts() const = 0;
   // A new large block of `cap` bytes for `stream`, resident and placed in
   // the table; null if no memory (logged).
   virtual Block* create(size_t cap, CUstream stream) = 0;
@@ -88,7 +91,11 @@ class Backing {
   virtual uint64_t host_reserved() const = 0;  // host memory behind evicted blocks
 };
 
-std::unique_ptr<Backing> make_host_backing(const BackingParts& parts);
+// The backing SPILLWAY_MODE asks for (`managed`, or host remap when
+// `evict`), if the device can do it; else, with one warning, host backing
+// that never evicts (evicts() false): spillway then only caches (contract 4).
+std::unique_ptr<Backing> make_backing(const BackingParts& parts, bool managed, bool evict);
+std::unique_ptr<Backing> make_host_backing(const BackingParts& parts, bool evicts);
 std::unique_ptr<Backing> make_managed_backing(const BackingParts& parts);
 
 }  // namespace spillway

@@ -25,7 +25,10 @@ CUmemAllocationProp host_prop(const cu::Driver& d, int device) {
 
 class HostBacking final : public Backing {
  public:
-  explicit HostBacking(const BackingParts& p) : p_(p), host_(p.d, host_prop(p.d, p.device)) {}
+  HostBacking(const BackingParts& p, bool evicts)
+      : p_(p), host_(p.d, host_prop(p.d, p.device)), evicts_(evicts) {}
+
+  bool evicts() const override { return evicts_; }
 
   Block* create(size_t cap, CUstream stream) override {
     CUmemGenericAllocationHandle h = 0;
@@ -194,12 +197,13 @@ class HostBacking final : public Backing {
  private:
   BackingParts p_;
   PhysPool host_;
+  const bool evicts_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backing> make_host_backing(const BackingParts& parts) {
-  return std::make_unique<HostBacking>(parts);
+std::unique_ptr<Backing> make_host_backing(const BackingParts& parts, bool evicts) {
+  return std::make_unique<HostBacking>(parts, evicts);
 }
 
 }  // namespace spillway

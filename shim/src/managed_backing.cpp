@@ -20,6 +20,8 @@ class ManagedBacking final : public Backing {
  public:
   explicit ManagedBacking(const BackingParts& p) : p_(p) {}
 
+  bool evicts() const override { return true; }
+
   Block* create(size_t cap, CUstream stream) override {
     if (!take_device(cap)) return nullptr;
     CUdeviceptr ptr = 0;
