@@ -254,14 +254,22 @@ void Allocator::free_evicted(Block* b) {
 
 // ---- the make-room cascade ------------------------------------------------
 
-size_t Allocator::cascade(const std::function<uint64_t(size_t)>& short_by, size_t keep,
-                          const std::function<size_t(size_t)>& evict_live) {
-  size_t freed = dev_.trim(short_by(0), keep);
-  if (uint64_t want = short_by(freed)) freed += release_cached(want);
-  freed += dev_.trim(short_by(freed), keep);
-  if (uint64_t want = short_by(freed); want > 0 && evict_live) {
-    freed += evict_live(want);
-    freed += dev_.trim(short_by(freed), keep);
+size_t Allocator::cascade(const std::function<uint64_t()>& short_by, size_t keep,
+                          const std::function<size_t(size_t)>& evict_live, bool until_any) {
+  // Cached blocks and evicted ones give their handles to the pool: each step
+  // after the first trims the pool by what is still short.
+  size_t freed = dev_.trim(short_by(), keep);
+  if (until_any && freed > 0) return freed;
+  for (int step = 0; step < 2; ++step) {
+    const uint64_t want = short_by();
+    if (want == 0) break;
+    size_t got = 0;
+    if (step == 0)
+      got = release_cached(want);
+    else if (evict_live)
+      got = evict_live(want);
+    freed += got + dev_.trim(short_by(), keep);
+    if (until_any && got > 0) break;
   }
   return freed;
 }
@@ -276,7 +284,7 @@ bool Allocator::make_room(size_t need) {
       budget_.note_over();
       return evict_now(choose_victims(want), Cause::kBudget);
     };
-  cascade([&](size_t) { return excess(need); }, need, evict_live);
+  cascade([&] { return excess(need); }, need, evict_live, false);
   if (uint64_t short_by = excess(need)) {
     log::warn("cannot fit {} bytes in the budget of {} bytes: {} bytes short", need, budget_.gpu(),
               short_by);
@@ -297,8 +305,9 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
     std::function<size_t(size_t)> evict_live;
     if (o_.evict)
       evict_live = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
-    const size_t got =
-        cascade([&](size_t done) { return done >= size ? 0 : size - done; }, size, evict_live);
+    // The device, not the budget, says whether a step freed enough: one step
+    // at a time, then the caller's retry.
+    const size_t got = cascade([&] { return size; }, size, evict_live, true);
     if (got == 0) break;
     freed += got;
     r = dev_.take(size, h);
@@ -405,13 +414,15 @@ CUresult Allocator::evict(const void* ptr) {
 Mover::Batch Allocator::begin_background(CUevent done) {
   std::lock_guard lk(mu_);
   Mover::Batch batch;
-  if (!ensure_context()) return batch;
+  // The mover's thread makes the context current once.
+  if (!mover_has_context_ && !(mover_has_context_ = ensure_context())) return batch;
   cache_.process_pending();
   if (resident() <= budget_.high() || !budget_.over_seen()) return batch;
   // Down to the low watermark, cheapest first as make_room; live blocks only
   // if the cheap steps leave it above the high one.
   const uint64_t low = budget_.low();
-  cascade([&](size_t) { return resident() > low ? resident() - low : 0; }, 0, nullptr);
+  const uint64_t high = budget_.high();
+  cascade([&] { return resident() > high ? resident() - low : 0; }, 0, nullptr, false);
   if (resident() <= budget_.high()) return batch;
   batch.blocks = start_evictions(choose_victims(resident() - low), Cause::kBudget);
   if (!batch.blocks.empty())

@@ -124,12 +124,12 @@ class Allocator final : public AccessSink, private DeviceRoom {
   bool make_room(size_t need) override;
   CUresult take_device(size_t size, CUmemGenericAllocationHandle* h) override;
   // The make-room cascade, cheapest first: pooled device handles, cached
-  // free blocks, then live blocks (`evict_live`, if given), until
-  // `short_by(bytes freed so far)` says nothing more is needed; a pooled
-  // handle of `keep` bytes stays (it is about to be taken). Returns the
-  // device bytes given back.
-  size_t cascade(const std::function<uint64_t(size_t)>& short_by, size_t keep,
-                 const std::function<size_t(size_t)>& evict_live);
+  // free blocks, then live blocks (`evict_live`, if given), while
+  // `short_by()` says more is needed; a pooled handle of `keep` bytes stays
+  // (it is about to be taken). `until_any`: stop after the first step that
+  // frees anything. Returns the device bytes given back.
+  size_t cascade(const std::function<uint64_t()>& short_by, size_t keep,
+                 const std::function<size_t(size_t)>& evict_live, bool until_any);
   // Bytes over the budget if `need` more were taken now.
   uint64_t excess(size_t need) const {
     return budget_.excess(resident() + backing_->added_by(need));
@@ -167,7 +167,8 @@ class Allocator final : public AccessSink, private DeviceRoom {
   Budget budget_;
   std::shared_ptr<policy::VictimChooser> chooser_;
   std::unique_ptr<Mover> mover_;
-  std::vector<Block*> claimed_;  // before_use: the launch's blocks so far
+  bool mover_has_context_ = false;  // the mover's thread has the context current
+  std::vector<Block*> claimed_;     // before_use: the launch's blocks so far
   uint64_t tick_ = 0;
   Counter live_, resident_, host_;
   Stats s_;  // event counts; levels and peaks come from the counters
