@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "log.h"
+#include "signal_mask.h"
 
 namespace spillway {
 
@@ -25,6 +26,9 @@ std::unique_ptr<Recorder> Recorder::open(const std::string& path, std::string* w
     *why = r->w_.error();
     return nullptr;
   }
+  // A signal handler (the Chrome trace's) waits for the activity reader,
+  // which waits for this thread's queue lock: never run it here.
+  BlockTermSignals blocked;
   r->writer_.start(std::chrono::milliseconds(kPeriodMs), [p = r.get()] { p->drain(); });
   return r;
 }
