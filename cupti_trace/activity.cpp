@@ -1,8 +1,13 @@
 #include "activity.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+
+#include "clock.h"
+#include "signal_mask.h"
 
 namespace spillway::cupti {
 namespace {
@@ -187,6 +192,88 @@ bool ActivityBuffers::decode(const CUpti_Activity* r, DeviceRecord* d) {
       ++unknown_;
       return false;
   }
+}
+
+std::unique_ptr<ActivityReader> ActivityReader::open(const Api& api, std::string* why) {
+  std::unique_ptr<ActivityReader> r(new ActivityReader(api));
+  r->buffers_ = ActivityBuffers::start(
+      api, [](void* self) { static_cast<ActivityReader*>(self)->worker_.wake(); }, r.get(), why);
+  if (!r->buffers_) return nullptr;
+  return r;
+}
+
+ActivityReader::~ActivityReader() {
+  stop();
+}
+
+int ActivityReader::current_pid() {
+  return static_cast<int>(getpid());
+}
+
+void ActivityReader::start() {
+  {
+    std::lock_guard lk(mu_);
+    running_ = true;
+  }
+  last_flush_ns_ = monotonic_ns();
+  BlockTermSignals blocked;
+  worker_.start(std::chrono::milliseconds(kPeriodMs), [this] { pass(); });
+}
+
+void ActivityReader::pass() {
+  uint64_t asked = 0;
+  {
+    std::lock_guard lk(mu_);
+    asked = sync_asked_;
+  }
+  const bool syncing = asked != sync_done_;
+  // Buffers complete when full (the wake) or when flushed: flush now and then
+  // so that a slow job's records do not wait for its end.
+  if (syncing || monotonic_ns() - last_flush_ns_ >= kFlushMs * 1000000ull) {
+    buffers_->flush();
+    last_flush_ns_ = monotonic_ns();
+  }
+  buffers_->drain_buffers(scratch_, [&](std::span<const DeviceRecord> records) {
+    for (ActivityListener* l : listeners_) l->on_records(records);
+  });
+  if (syncing) {
+    {
+      std::lock_guard lk(mu_);
+      sync_done_ = asked;
+    }
+    synced_.notify_all();
+  }
+}
+
+bool ActivityReader::sync(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  if (!running_ || current_pid() != owner_pid_) return false;
+  const uint64_t ticket = ++sync_asked_;
+  lk.unlock();
+  worker_.wake();
+  lk.lock();
+  return synced_.wait_for(lk, timeout, [&] { return sync_done_ >= ticket || !running_; }) &&
+         sync_done_ >= ticket;
+}
+
+void ActivityReader::stop() {
+  if (current_pid() != owner_pid_) return;  // a fork's copy: no thread to join
+  {
+    std::lock_guard lk(mu_);
+    if (!running_) return;
+  }
+  sync(std::chrono::milliseconds(2 * kFlushMs + 1000));
+  worker_.stop();
+  {
+    std::lock_guard lk(mu_);
+    running_ = false;
+  }
+  synced_.notify_all();
+}
+
+uint64_t ActivityReader::dropped() {
+  std::lock_guard lk(mu_);
+  return buffers_->dropped();
 }
 
 }  // namespace spillway::cupti

@@ -11,7 +11,10 @@
 // CUPTI no buffer: CUPTI drops the record and counts it (dropped()).
 //
 // CUPTI's buffer callbacks are process-wide, so there is at most one
-// ActivityBuffers per process.
+// ActivityBuffers per process, and one ActivityReader over it: its thread
+// drains the buffers and hands each one's records to every listener (the
+// Chrome trace, the .spwt recorder), so that the consumers of the records
+// need not agree on which of them reads.
 #pragma once
 
 #include <cupti.h>
@@ -23,9 +26,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "cupti_api.h"
+#include "worker.h"
 
 namespace spillway::cupti {
 
@@ -67,6 +73,10 @@ class ActivityBuffers {
   // a time. Returns the number of records.
   template <class F>
   size_t drain(F&& fn);
+  // As drain, but calls fn(std::span<const DeviceRecord>) once per buffer,
+  // with `scratch` holding its records (names valid during the call).
+  template <class F>
+  size_t drain_buffers(std::vector<DeviceRecord>& scratch, F&& fn);
 
   // Records CUPTI dropped so far (no buffer to put them in).
   uint64_t dropped();
@@ -123,5 +133,86 @@ size_t ActivityBuffers::drain(F&& fn) {
   records_ += count;
   return count;
 }
+
+template <class F>
+size_t ActivityBuffers::drain_buffers(std::vector<DeviceRecord>& scratch, F&& fn) {
+  std::array<std::pair<size_t, size_t>, kBuffers> got;
+  const size_t n = take_completed(got);
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* base = storage_.get() + got[i].first * kBufferBytes;
+    CUpti_Activity* r = nullptr;
+    scratch.clear();
+    while (got[i].second > 0 &&
+           api_.cuptiActivityGetNextRecord(base, got[i].second, &r) == CUPTI_SUCCESS) {
+      DeviceRecord d;
+      if (decode(r, &d)) scratch.push_back(d);
+    }
+    if (!scratch.empty()) fn(std::span<const DeviceRecord>(scratch.data(), scratch.size()));
+    count += scratch.size();
+    recycle(got[i].first);
+  }
+  records_ += count;
+  return count;
+}
+
+// What a consumer of activity records implements. Called on the reader's
+// thread only, one buffer's records at a time, in delivery order.
+class ActivityListener {
+ public:
+  virtual ~ActivityListener() = default;
+  // A kernel's name points into the buffer: copy it to keep it.
+  virtual void on_records(std::span<const DeviceRecord> records) = 0;
+};
+
+class ActivityReader {
+ public:
+  static constexpr int kFlushMs = 200;  // CUPTI is asked for its partial buffers this often
+  static constexpr int kPeriodMs = 50;  // completed buffers wait at most this long
+
+  // Enables the activity records (ActivityBuffers::start). No thread yet:
+  // add the listeners, then start(). nullptr and why on failure.
+  static std::unique_ptr<ActivityReader> open(const Api& api, std::string* why);
+  ~ActivityReader();
+  ActivityReader(const ActivityReader&) = delete;
+  ActivityReader& operator=(const ActivityReader&) = delete;
+
+  // Before start() only: the list is read without a lock afterwards.
+  void listen(ActivityListener* l) { listeners_.push_back(l); }
+  bool has_listeners() const { return !listeners_.empty(); }
+  // Starts the reader's thread (SIGINT and SIGTERM blocked on it: a signal
+  // handler may wait for sync()).
+  void start();
+  // Flushes CUPTI and waits until the reader's thread has handed every
+  // record completed by then to the listeners, at most `timeout`. From any
+  // thread but the reader's, and never from a listener. False on timeout,
+  // or when the thread is not running.
+  bool sync(std::chrono::milliseconds timeout);
+  // A last flush and drain, then the thread ends: no listener is called
+  // after this returns. Idempotent; does nothing in a forked child.
+  void stop();
+
+  const Api& api() const { return api_; }
+  // Thread-safe views of ActivityBuffers' counters.
+  uint64_t dropped();
+  size_t peak_in_use() const { return buffers_->peak_in_use(); }
+
+ private:
+  explicit ActivityReader(const Api& api) : api_(api), owner_pid_(current_pid()) {}
+  static int current_pid();
+  void pass();  // on the reader's thread
+
+  const Api& api_;
+  const int owner_pid_;
+  std::unique_ptr<ActivityBuffers> buffers_;
+  std::vector<ActivityListener*> listeners_;
+  std::vector<DeviceRecord> scratch_;  // the reader's thread only
+  uint64_t last_flush_ns_ = 0;         // the reader's thread only
+  Worker worker_;
+  std::mutex mu_;  // the sync tickets, and CUPTI's dropped count
+  std::condition_variable synced_;
+  uint64_t sync_asked_ = 0, sync_done_ = 0;
+  bool running_ = false;
+};
 
 }  // namespace spillway::cupti

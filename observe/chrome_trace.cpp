@@ -2,8 +2,6 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 #include <cstring>
 
 #include "access.h"
+#include "signal_mask.h"
 
 namespace spillway {
 namespace {
@@ -26,9 +25,10 @@ constexpr uint64_t kTidEvict = 1000000001;    // device to host
 constexpr uint64_t kTidRestore = 1000000002;  // host to device
 constexpr size_t kMaxTracks = 1024;
 constexpr size_t kMaxName = 256;
-constexpr int kActivityFlushMs = 200;
-constexpr int kRingWaitMs = 100;     // a producer's wait for room before dropping
 constexpr int kSignalWaitMs = 2000;  // a signal handler's wait for the writer
+// The writer's wait for the activity reader on a signal: well inside the
+// handler's wait, so that the rest is still written when CUPTI is slow.
+constexpr int kSignalSyncMs = 1000;
 
 const char* copy_kind_name(uint8_t k) {
   switch (k) {
@@ -173,29 +173,26 @@ struct ChromeTrace::Join {
   size_t note() { return peak = std::max({peak, copies.size(), waiting.size(), records.size()}); }
 };
 
-ChromeTrace::ChromeTrace(std::string path, const cupti::Api* api, Limits limits)
-    : path_(std::move(path)), api_(api), limits_(limits), owner_pid_(getpid()) {}
+ChromeTrace::ChromeTrace(std::string path, cupti::ActivityReader* activity, Limits limits)
+    : path_(std::move(path)),
+      activity_(activity),
+      api_(activity ? &activity->api() : nullptr),
+      limits_(limits),
+      owner_pid_(getpid()) {}
 
-std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cupti::Api* api,
-                                               std::string* why, Limits limits) {
+std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
+                                               cupti::ActivityReader* activity, std::string* why,
+                                               Limits limits) {
   limits.ring_events = std::max<size_t>(limits.ring_events, 16);
   limits.out_bytes = std::max<size_t>(limits.out_bytes, 8192);
   limits.join_slots = std::max<size_t>(limits.join_slots, 4);
   limits.flush_ms = std::max(limits.flush_ms, 1);
-  std::unique_ptr<ChromeTrace> t(new ChromeTrace(path, api, limits));
+  std::unique_ptr<ChromeTrace> t(new ChromeTrace(path, activity, limits));
   t->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (t->fd_ < 0) {
     *why = std::string("cannot create it: ") + std::strerror(errno);
     return nullptr;
   }
-  int p[2];
-  if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
-    *why = std::string("pipe2: ") + std::strerror(errno);
-    ::close(t->fd_);
-    return nullptr;
-  }
-  t->wake_r_ = p[0];
-  t->wake_w_ = p[1];
   t->ring_.reset(new HostEvent[limits.ring_events]);
   t->batch_.reset(new HostEvent[limits.ring_events]);
   t->out_.reset(new char[limits.out_bytes]);
@@ -205,21 +202,11 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cu
   t->join_->records.reserve(limits.join_slots);
   t->tracks_.reserve(kMaxTracks);
   t->c_.ring_cap = limits.ring_events;
+  t->c_.spill_cap = limits.spill_events;
   t->c_.out_cap = limits.out_bytes;
   t->c_.join_cap = limits.join_slots;
   t->sim_driver_ = driver_is_simulated();
-  if (api) {
-    std::string no_activity;
-    t->activity_ =
-        cupti::ActivityBuffers::start(*api, &ChromeTrace::wake_cb, t.get(), &no_activity);
-    if (!t->activity_) {
-      // Spillway's events still go out, on the host clock.
-      t->api_ = nullptr;
-      *why = "no device timestamps (" + no_activity + ")";
-    } else {
-      t->c_.activity_buffers = cupti::ActivityBuffers::kBuffers;
-    }
-  }
+  if (activity) t->c_.activity_buffers = cupti::ActivityBuffers::kBuffers;
   // The simulator's CUPTI clock is its virtual clock; CLOCK_MONOTONIC is real
   // time, even over the simulator.
   t->simulated_ = t->sim_driver_ && t->api_;
@@ -243,9 +230,15 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path, const cu
       t->api_ ? "cupti (cuptiGetTimestamp and activity records)" : "host (CLOCK_MONOTONIC)",
       t->simulated_ ? "true" : "false", t->sim_driver_ ? "true" : "false", t->base_,
       t->start_trace_ns_, t->start_monotonic_ns_, t->owner_pid_);
-  t->write_out();
-  t->last_activity_flush_ns_ = monotonic_ns();
-  t->writer_ = std::thread([p = t.get()] { p->run(); });
+  // The start line goes out with the writer's first pass: nothing is written
+  // on the caller's thread.
+  t->writer_ = std::make_unique<Worker>();
+  {
+    // Signals go to the job's threads, never to the writer: it is the thread
+    // a handler waits for.
+    BlockTermSignals blocked;
+    t->writer_->start(std::chrono::milliseconds(limits.flush_ms), [p = t.get()] { p->run(); });
+  }
   return t;
 }
 
@@ -253,9 +246,7 @@ ChromeTrace::~ChromeTrace() {
   finish();
   ChromeTrace* self = this;
   g_signal_trace.compare_exchange_strong(self, nullptr);
-  if (writer_.joinable()) writer_.detach();  // a forked child's copy: no thread to join
-  if (wake_r_ >= 0) ::close(wake_r_);
-  if (wake_w_ >= 0) ::close(wake_w_);
+  if (getpid() != owner_pid_) (void)writer_.release();  // a fork's copy: no thread to join
 }
 
 uint64_t ChromeTrace::now() const {
@@ -264,39 +255,31 @@ uint64_t ChromeTrace::now() const {
   return monotonic_ns();
 }
 
-void ChromeTrace::wake() {
-  const char b = 1;
-  // Non-blocking: a full pipe already holds a wake-up.
-  [[maybe_unused]] ssize_t r = ::write(wake_w_, &b, 1);
-}
-
 void ChromeTrace::push(const HostEvent& e) {
-  std::unique_lock lk(ring_mu_);
-  if (!accepting_) {
-    ++late_;
-    return;
-  }
-  if (ring_count_ == limits_.ring_events) {
-    lk.unlock();
-    wake();
-    lk.lock();
-    ring_space_.wait_for(lk, std::chrono::milliseconds(kRingWaitMs),
-                         [&] { return ring_count_ < limits_.ring_events || !accepting_; });
+  // Never waits for the writer: the caller may hold the allocator's lock.
+  bool wake = false;
+  {
+    std::lock_guard lk(ring_mu_);
     if (!accepting_) {
       ++late_;
       return;
     }
-    if (ring_count_ == limits_.ring_events) {
+    if (ring_count_ < limits_.ring_events && spill_.empty()) {
+      ring_[(ring_head_ + ring_count_) % limits_.ring_events] = e;
+      ++ring_count_;
+      ring_peak_ = std::max(ring_peak_, ring_count_);
+      wake = ring_count_ == limits_.ring_events / 2;
+    } else if (spill_.size() < limits_.spill_events) {
+      // Behind the ring's events, so that the writer keeps their order.
+      spill_.push_back(e);
+      spill_peak_ = std::max(spill_peak_, spill_.size());
+      wake = spill_.size() == 1;
+    } else {
       ++dropped_;
       return;
     }
   }
-  ring_[(ring_head_ + ring_count_) % limits_.ring_events] = e;
-  ++ring_count_;
-  ring_peak_ = std::max(ring_peak_, ring_count_);
-  const bool half = ring_count_ == limits_.ring_events / 2;
-  lk.unlock();
-  if (half) wake();
+  if (wake) writer_->wake();
 }
 
 void ChromeTrace::on_transfer(const Transfer& t) {
@@ -348,24 +331,14 @@ void ChromeTrace::on_oom_avoided(int device, size_t need, size_t freed) {
   push(e);
 }
 
-void ChromeTrace::internal_call(void* self, CUpti_CallbackId cbid, const CUpti_CallbackData* cb) {
+void ChromeTrace::on_own_copy(const OwnCopy& c) {
   HostEvent e;
   e.kind = HostEvent::Kind::kInternalCopy;
-  e.correlation = cb->correlationId;
-  switch (cbid) {
-    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
-    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz: {
-      // The two layouts are the same: dst, src, bytes, stream.
-      const auto* p = static_cast<const cuMemcpyDtoDAsync_v2_params*>(cb->functionParams);
-      e.ptr = p->srcDevice;
-      e.bytes = p->ByteCount;
-      e.a = reinterpret_cast<uint64_t>(p->hStream);
-      break;
-    }
-    default:
-      return;  // spillway queues no other work of its own
-  }
-  static_cast<ChromeTrace*>(self)->push(e);
+  e.correlation = c.correlation;
+  e.ptr = c.src;
+  e.bytes = c.bytes;
+  e.a = reinterpret_cast<uint64_t>(c.stream);
+  push(e);
 }
 
 std::string ChromeTrace::ts(uint64_t t) {
@@ -637,58 +610,48 @@ void ChromeTrace::on_record(const cupti::DeviceRecord& r) {
   emit_record(r);
 }
 
-void ChromeTrace::cycle(bool flush_activity) {
-  if (activity_ && flush_activity) {
-    activity_->flush();
-    last_activity_flush_ns_ = monotonic_ns();
-  }
-  // Records completed before the ring is read: every copy they hold was
-  // announced (at the call) before it ran, so its ring event is read first.
+void ChromeTrace::take_events() {
   size_t n = 0;
+  spill_batch_.clear();
   {
     std::lock_guard lk(ring_mu_);
     n = ring_count_;
     for (size_t i = 0; i < n; ++i) batch_[i] = ring_[(ring_head_ + i) % limits_.ring_events];
     ring_head_ = (ring_head_ + n) % limits_.ring_events;
     ring_count_ = 0;
+    spill_batch_.swap(spill_);
   }
-  ring_space_.notify_all();
   for (size_t i = 0; i < n; ++i) on_host_event(batch_[i]);
-  const RecordListener listener = listener_.load(std::memory_order_acquire);
-  void* listener_ctx = listener_ctx_.load(std::memory_order_relaxed);
-  if (activity_)
-    activity_->drain([&](const cupti::DeviceRecord& r) {
-      if (listener) listener(listener_ctx, r);
-      on_record(r);
-    });
+  for (const HostEvent& e : spill_batch_) on_host_event(e);
+}
+
+void ChromeTrace::on_records(std::span<const cupti::DeviceRecord> records) {
+  std::lock_guard lk(write_mu_);
+  if (file_closed_) return;
+  // These records' buffers completed before the ring is read now: every
+  // copy of spillway's they hold was announced (at the call) before it ran,
+  // so its event is handled before its record.
+  take_events();
+  for (const cupti::DeviceRecord& r : records) on_record(r);
   write_out();
 }
 
 void ChromeTrace::run() {
-  // Signals go to the job's threads, never here: this thread is the one a
-  // handler waits for.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  while (!stop_.load(std::memory_order_acquire)) {
-    pollfd p{wake_r_, POLLIN, 0};
-    ::poll(&p, 1, limits_.flush_ms);
-    char drain[64];
-    while (::read(wake_r_, drain, sizeof drain) > 0) {
+  const uint64_t sig = sig_requests_.load(std::memory_order_acquire);
+  const bool signalled = sig != sig_done_.load(std::memory_order_acquire);
+  // Not under write_mu_: the reader's listeners take it.
+  if (signalled && activity_) activity_->sync(std::chrono::milliseconds(kSignalSyncMs));
+  std::lock_guard lk(write_mu_);
+  if (!file_closed_) {
+    take_events();
+    write_out();
+  }
+  if (signalled) {
+    if (sig_fatal_.load(std::memory_order_acquire) && !file_closed_) {
+      close_file();
+      closed_.store(true, std::memory_order_release);
     }
-    const uint64_t sig = sig_requests_.load(std::memory_order_acquire);
-    const bool signalled = sig != sig_done_.load(std::memory_order_acquire);
-    const bool due = monotonic_ns() - last_activity_flush_ns_ >= kActivityFlushMs * 1000000ull;
-    cycle(due || signalled);
-    if (signalled) {
-      if (sig_fatal_.load(std::memory_order_acquire)) {
-        close_file();
-        closed_.store(true, std::memory_order_release);
-      }
-      sig_done_.store(sig, std::memory_order_release);
-    }
+    sig_done_.store(sig, std::memory_order_release);
   }
 }
 
@@ -697,8 +660,7 @@ void ChromeTrace::close_file() {
     std::lock_guard lk(ring_mu_);
     accepting_ = false;
   }
-  ring_space_.notify_all();
-  cycle(true);
+  take_events();
   // Whatever is still unmatched goes out as it is.
   Join& j = *join_;
   for (const auto& w : j.waiting) emit_transfer(w.t, nullptr);
@@ -735,6 +697,7 @@ void ChromeTrace::close_file() {
   write_out();
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  file_closed_ = true;
   std::lock_guard lk(counters_mu_);
   c_.closed = true;
 }
@@ -745,23 +708,27 @@ void ChromeTrace::finish() {
   if (finished_) return;
   finished_ = true;
   stop_.store(true, std::memory_order_release);
-  wake();
-  if (writer_.joinable()) writer_.join();
-  if (!closed_.load(std::memory_order_acquire)) close_file();
+  // Normally the reader was stopped first (its last records are in); if not,
+  // what it has is handed over before the file closes.
+  if (activity_) activity_->sync(std::chrono::milliseconds(kSignalWaitMs));
+  writer_->stop();
+  std::lock_guard write(write_mu_);
+  if (!file_closed_) close_file();
   closed_.store(true, std::memory_order_release);
 }
 
 void ChromeTrace::signal_flush(bool fatal) {
-  // Async-signal-safe: lock-free atomics, write(2) and nanosleep only. The
-  // writer thread does the work (it blocks these signals); this waits for it
-  // a bounded time, so a writer stuck behind a lock the interrupted thread
-  // holds cannot hang the process: the file then ends at its last write.
+  // Async-signal-safe: lock-free atomics and nanosleep only (no wake-up: it
+  // takes a mutex the interrupted thread may hold; the writer sees the
+  // request within flush_ms). The writer thread does the work (it blocks
+  // these signals); this waits for it a bounded time, so a writer stuck
+  // behind a lock the interrupted thread holds cannot hang the process: the
+  // file then ends at its last write.
   if (getpid() != owner_pid_ || closed_.load(std::memory_order_acquire) ||
       stop_.load(std::memory_order_acquire))
     return;
   if (fatal) sig_fatal_.store(true, std::memory_order_release);
   const uint64_t ticket = sig_requests_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  wake();
   const timespec ms{0, 1000000};
   for (int i = 0; i < kSignalWaitMs; ++i) {
     if (sig_done_.load(std::memory_order_acquire) >= ticket) return;
@@ -795,6 +762,7 @@ ChromeTrace::Counters ChromeTrace::counters() const {
   c.events_dropped = dropped_;
   c.events_late = late_;
   c.ring_peak = ring_peak_;
+  c.spill_peak = spill_peak_;
   return c;
 }
 

@@ -1,14 +1,19 @@
 #include "recorder.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "log.h"
+#include "signal_mask.h"
 
 namespace spillway {
 
 std::unique_ptr<Recorder> Recorder::open(const std::string& path, std::string* why) {
   std::unique_ptr<Recorder> r(new Recorder);
   r->path_ = path;
+  r->owner_pid_ = static_cast<int>(getpid());
   if (!r->w_.open(path, R"({"source":"shim","format":"spwt"})")) {
     *why = r->w_.error();
     return nullptr;
@@ -21,11 +26,110 @@ std::unique_ptr<Recorder> Recorder::open(const std::string& path, std::string* w
     *why = r->w_.error();
     return nullptr;
   }
+  // A signal handler (the Chrome trace's) waits for the activity reader,
+  // which waits for this thread's queue lock: never run it here.
+  BlockTermSignals blocked;
+  r->writer_.start(std::chrono::milliseconds(kPeriodMs), [p = r.get()] { p->drain(); });
   return r;
 }
 
 Recorder::~Recorder() {
   close();
+}
+
+void Recorder::push(const Event& e, const Touch* touches, size_t n) {
+  bool wake = false;
+  {
+    std::lock_guard lk(queue_mu_);
+    if (!accepting_) return;
+    Event q = e;
+    if (n > 0) {
+      q.first = static_cast<uint32_t>(queue_touches_.size());
+      q.count = static_cast<uint32_t>(n);
+      queue_touches_.insert(queue_touches_.end(), touches, touches + n);
+    }
+    queue_.push_back(q);
+    queue_peak_ = std::max(queue_peak_, queue_.size());
+    wake = queue_.size() == kWakeEvents;
+  }
+  if (wake) writer_.wake();
+}
+
+void Recorder::on_alloc(const Allocation& a) {
+  if (!a.ptr) return;
+  Event e;
+  e.kind = Event::Kind::kAlloc;
+  e.ptr = reinterpret_cast<uintptr_t>(a.ptr);
+  e.value = a.size;
+  e.stream = a.stream;
+  e.text = a.site;
+  push(e);
+}
+
+void Recorder::on_free(const Allocation& a) {
+  Event e;
+  e.kind = Event::Kind::kFree;
+  e.ptr = reinterpret_cast<uintptr_t>(a.ptr);
+  e.value = a.size;
+  e.stream = a.stream;
+  push(e);
+}
+
+void Recorder::on_access(const Access& a, const Touch* touches, size_t n) {
+  Event e;
+  e.kind = Event::Kind::kAccess;
+  e.access = a.kind;
+  e.correlation = a.correlation;
+  e.value = a.seq;
+  e.stream = a.stream;
+  e.text = a.name;
+  push(e, touches, n);
+}
+
+void Recorder::on_step(uint64_t step) {
+  Event e;
+  e.kind = Event::Kind::kStep;
+  e.value = step;
+  push(e);
+}
+
+void Recorder::on_records(std::span<const cupti::DeviceRecord> records) {
+  for (const cupti::DeviceRecord& r : records) {
+    if (r.kind != cupti::DeviceRecord::Kind::kKernel || r.end < r.start) continue;
+    Event e;
+    e.kind = Event::Kind::kDuration;
+    e.correlation = r.correlation;
+    e.value = r.end - r.start;
+    push(e);
+  }
+}
+
+void Recorder::drain() {
+  std::lock_guard lk(write_mu_);
+  batch_.clear();
+  batch_touches_.clear();
+  {
+    std::lock_guard q(queue_mu_);
+    batch_.swap(queue_);
+    batch_touches_.swap(queue_touches_);
+  }
+  for (const Event& e : batch_) apply(e, batch_touches_.data() + e.first);
+}
+
+void Recorder::apply(const Event& e, const Touch* touches) {
+  if (broken_) return;
+  switch (e.kind) {
+    case Event::Kind::kAlloc:
+      return write_alloc(e);
+    case Event::Kind::kFree:
+      return write_free(e);
+    case Event::Kind::kAccess:
+      return write_access(e, touches);
+    case Event::Kind::kStep:
+      return write_step(e.value);
+    case Event::Kind::kDuration:
+      return write_duration(e.correlation, e.value);
+  }
 }
 
 void Recorder::failed() {
@@ -60,38 +164,32 @@ void Recorder::flush_launch() {
   if (pending_correlation_) awaiting_[pending_correlation_] = index;
 }
 
-void Recorder::on_alloc(const void* p, size_t size, CUstream stream, const char* site) {
-  std::lock_guard lk(mu_);
-  if (broken_ || !p) return;
+void Recorder::write_alloc(const Event& e) {
   flush_launch();
   const uint64_t id = next_alloc_++;
-  live_[reinterpret_cast<uintptr_t>(p)] = {id, size};
-  const uint64_t site_id = site ? string_id(site) : 0;
-  if (!w_.alloc(id, size, stream_id(stream), site_id)) failed();
+  live_[e.ptr] = {id, e.value};
+  const uint64_t site_id = e.text ? string_id(e.text) : 0;
+  if (!w_.alloc(id, e.value, stream_id(e.stream), site_id)) failed();
 }
 
-void Recorder::on_free(const void* p, size_t size, CUstream stream) {
-  std::lock_guard lk(mu_);
-  if (broken_) return;
-  auto it = live_.find(reinterpret_cast<uintptr_t>(p));
+void Recorder::write_free(const Event& e) {
+  auto it = live_.find(e.ptr);
   // A bad free (unknown pointer, wrong size) is refused by the allocator.
-  if (it == live_.end() || it->second.size != size) return;
+  if (it == live_.end() || it->second.size != e.value) return;
   flush_launch();
-  if (!w_.free(it->second.id, stream_id(stream))) failed();
+  if (!w_.free(it->second.id, stream_id(e.stream))) failed();
   live_.erase(it);
 }
 
-void Recorder::on_access(const Access& a, const Touch* touches, size_t n) {
-  std::lock_guard lk(mu_);
-  if (broken_) return;
-  if (!pending_ || a.seq != pending_seq_) {
+void Recorder::write_access(const Event& e, const Touch* touches) {
+  if (!pending_ || e.value != pending_seq_) {
     flush_launch();
     pending_ = true;
-    pending_seq_ = a.seq;
-    pending_stream_ = stream_id(a.stream);
-    const char* name = a.name;
+    pending_seq_ = e.value;
+    pending_stream_ = stream_id(e.stream);
+    const char* name = e.text;
     if (!name) {
-      switch (a.kind) {
+      switch (e.access) {
         case Access::Kind::kCopy:
           name = "[memcpy]";
           break;
@@ -110,10 +208,10 @@ void Recorder::on_access(const Access& a, const Touch* touches, size_t n) {
       }
     }
     pending_name_ = string_id(name);
-    pending_correlation_ = a.correlation;
+    pending_correlation_ = e.correlation;
     pending_touches_.clear();
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < e.count; ++i) {
     const Touch& t = touches[i];
     auto it = live_.upper_bound(t.lo);
     if (it != live_.begin()) --it;
@@ -150,16 +248,12 @@ void Recorder::add_touch(const trace::TouchRec& r, size_t size) {
   }
 }
 
-void Recorder::on_step(uint64_t step) {
-  std::lock_guard lk(mu_);
-  if (broken_) return;
+void Recorder::write_step(uint64_t step) {
   flush_launch();
   if (!w_.step(step)) failed();
 }
 
-void Recorder::on_kernel_time(uint32_t correlation, uint64_t duration_ns) {
-  std::lock_guard lk(mu_);
-  if (broken_) return;
+void Recorder::write_duration(uint32_t correlation, uint64_t duration_ns) {
   if (pending_ && pending_correlation_ == correlation) flush_launch();
   auto it = awaiting_.find(correlation);
   if (it == awaiting_.end()) return;
@@ -167,55 +261,17 @@ void Recorder::on_kernel_time(uint32_t correlation, uint64_t duration_ns) {
   awaiting_.erase(it);
 }
 
-void Recorder::on_device_record(void* self, const cupti::DeviceRecord& r) {
-  if (r.kind == cupti::DeviceRecord::Kind::kKernel && r.end >= r.start)
-    static_cast<Recorder*>(self)->on_kernel_time(r.correlation, r.end - r.start);
-}
-
-bool Recorder::collect_durations(const cupti::Api& api, std::string* why) {
-  activity_ = cupti::ActivityBuffers::start(
-      api,
-      [](void* self) {
-        auto* r = static_cast<Recorder*>(self);
-        std::lock_guard lk(r->wake_mu_);
-        r->wake_ = true;
-        r->wake_cv_.notify_one();
-      },
-      this, why);
-  if (!activity_) return false;
-  drainer_ = std::thread([this] { drain_loop(); });
-  return true;
-}
-
-void Recorder::drain_loop() {
-  std::unique_lock lk(wake_mu_);
-  while (!stop_) {
-    const bool woken =
-        wake_cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return wake_ || stop_; });
-    wake_ = false;
-    lk.unlock();
-    // Buffers complete when full (the wake) or when flushed: flush now and
-    // then so that a slow job's durations do not wait for its end. Not under
-    // wake_mu_: the flush hands buffers back through the wake callback,
-    // which takes it.
-    if (!woken) activity_->flush();
-    activity_->drain([&](const cupti::DeviceRecord& r) { on_device_record(this, r); });
-    lk.lock();
-  }
-}
-
 void Recorder::close() {
-  if (drainer_.joinable()) {
-    {
-      std::lock_guard lk(wake_mu_);
-      stop_ = true;
-    }
-    wake_cv_.notify_one();
-    drainer_.join();
-    activity_->flush();
-    activity_->drain([&](const cupti::DeviceRecord& r) { on_device_record(this, r); });
+  if (static_cast<int>(getpid()) != owner_pid_) return;
+  writer_.stop();
+  {
+    std::lock_guard q(queue_mu_);
+    if (!accepting_) return;
+    accepting_ = false;
   }
-  std::lock_guard lk(mu_);
+  // The writer has stopped: what it left is written here, at exit.
+  drain();
+  std::lock_guard lk(write_mu_);
   if (!w_.is_open()) return;
   flush_launch();
   if (!broken_ && !w_.close()) failed();
@@ -223,8 +279,13 @@ void Recorder::close() {
 }
 
 uint64_t Recorder::records() const {
-  std::lock_guard lk(mu_);
+  std::lock_guard lk(write_mu_);
   return w_.records();
+}
+
+size_t Recorder::queue_peak() const {
+  std::lock_guard lk(queue_mu_);
+  return queue_peak_;
 }
 
 }  // namespace spillway

@@ -29,7 +29,7 @@ const char* basename_of(const char* path) {
 
 }  // namespace
 
-std::unique_ptr<Sites> Sites::start(Observer* next, std::string* why) {
+std::unique_ptr<Sites> Sites::start(size_t min_block, std::string* why) {
   void* lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     *why = std::string("cannot load libunwind.so.8: ") + dlerror();
@@ -40,7 +40,7 @@ std::unique_ptr<Sites> Sites::start(Observer* next, std::string* why) {
     *why = "libunwind.so.8 has no unw_backtrace";
     return nullptr;
   }
-  return std::unique_ptr<Sites>(new Sites(next, bt));
+  return std::unique_ptr<Sites>(new Sites(min_block, bt));
 }
 
 std::string Sites::name_of(void* const* frames, int n) const {
@@ -69,7 +69,8 @@ std::string Sites::name_of(void* const* frames, int n) const {
   return buf;
 }
 
-const char* Sites::on_alloc(const void* p, size_t size) {
+void Sites::annotate(Allocation& a) {
+  if (a.size < min_block_) return;
   void* frames[kMaxFrames];
   const int n = backtrace_(frames, kMaxFrames);
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the return addresses
@@ -84,37 +85,25 @@ const char* Sites::on_alloc(const void* p, size_t size) {
     site->name = name_of(frames, n);
   }
   ++site->allocations;
-  site->bytes_allocated += size;
-  live_[reinterpret_cast<uintptr_t>(p)] = site.get();
-  return site->name.c_str();
+  site->bytes_allocated += a.size;
+  live_[reinterpret_cast<uintptr_t>(a.ptr)] = site.get();
+  a.site = site->name.c_str();
 }
 
-void Sites::on_free(const void* p) {
+void Sites::on_free(const Allocation& a) {
   std::lock_guard lk(mu_);
-  live_.erase(reinterpret_cast<uintptr_t>(p));
+  live_.erase(reinterpret_cast<uintptr_t>(a.ptr));
 }
 
-void Sites::on_transfer(const Transfer& t) {
-  Transfer named = t;
-  {
-    std::lock_guard lk(mu_);
-    if (auto it = live_.find(t.ptr); it != live_.end()) {
-      named.site = it->second->name.c_str();  // Sites are never erased: the name stays valid
-      if (t.to_host) {
-        ++it->second->evictions;
-        it->second->bytes_evicted += t.bytes;
-      }
+void Sites::annotate(Transfer& t) {
+  std::lock_guard lk(mu_);
+  if (auto it = live_.find(t.ptr); it != live_.end()) {
+    t.site = it->second->name.c_str();  // Sites are never erased: the name stays valid
+    if (t.to_host) {
+      ++it->second->evictions;
+      it->second->bytes_evicted += t.bytes;
     }
   }
-  if (next_) next_->on_transfer(named);
-}
-
-void Sites::on_memory(int device, uint64_t resident, uint64_t host, uint64_t budget) {
-  if (next_) next_->on_memory(device, resident, host, budget);
-}
-
-void Sites::on_oom_avoided(int device, size_t need, size_t freed) {
-  if (next_) next_->on_oom_avoided(device, need, freed);
 }
 
 std::string Sites::top(size_t n) const {

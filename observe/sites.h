@@ -22,20 +22,19 @@
 
 namespace spillway {
 
+// First in the observer list: it names the site of allocations of at least
+// `min_block` bytes, and of transfers of their blocks, for the observers
+// after it.
 class Sites final : public Observer {
  public:
-  // nullptr and why if libunwind cannot be had. Forwards every observer
-  // call to `next` (may be null).
-  static std::unique_ptr<Sites> start(Observer* next, std::string* why);
+  // nullptr and why if libunwind cannot be had.
+  static std::unique_ptr<Sites> start(size_t min_block, std::string* why);
 
-  // A large allocation at `p`: its site's name (stable for the process).
-  const char* on_alloc(const void* p, size_t size);
-  void on_free(const void* p);
-
-  // Observer: evictions are attributed to the evicted block's site.
-  void on_transfer(const Transfer& t) override;
-  void on_memory(int device, uint64_t resident, uint64_t host, uint64_t budget) override;
-  void on_oom_avoided(int device, size_t need, size_t freed) override;
+  // A large allocation: its stack is taken here, on the allocating thread.
+  void annotate(Allocation& a) override;
+  // Evictions are attributed to the evicted block's site.
+  void annotate(Transfer& t) override;
+  void on_free(const Allocation& a) override;
 
   // The sites whose blocks were evicted most, for the exit summary: up to
   // `n` lines "BYTES bytes evicted in COUNT evictions, ALLOCS allocations: NAME".
@@ -48,10 +47,10 @@ class Sites final : public Observer {
     uint64_t allocations = 0, bytes_allocated = 0;
     uint64_t evictions = 0, bytes_evicted = 0;
   };
-  Sites(Observer* next, Backtrace bt) : next_(next), backtrace_(bt) {}
+  Sites(size_t min_block, Backtrace bt) : min_block_(min_block), backtrace_(bt) {}
   std::string name_of(void* const* frames, int n) const;
 
-  Observer* const next_;
+  const size_t min_block_;
   const Backtrace backtrace_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::unique_ptr<Site>> sites_;  // by stack hash

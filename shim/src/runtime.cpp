@@ -76,12 +76,7 @@ void Runtime::start() {
                 why);
   }
   if (driver_ && cfg_.mode != Mode::kOff) start_tracking();
-  if (!cfg_.trace_file.empty()) start_trace();
-  if (recorder_) start_durations();
-  if (cfg_.stacks) {
-    sites_ = Sites::start(trace_.get(), &why);
-    if (!sites_) log::warn("SPILLWAY_STACKS=1: {}; allocation sites are not recorded", why);
-  }
+  start_observers();
   std::atexit([] {
     if (Runtime* rt = peek()) rt->report_at_exit();
   });
@@ -105,31 +100,49 @@ void Runtime::start_tracking() {
       cfg_.mode == Mode::kManaged ? "faulted back to the GPU page by page" : "read over the link");
 }
 
-void Runtime::start_trace() {
+void Runtime::start_observers() {
   std::string why;
-  // Device timestamps need CUPTI, which the tracker holds when it runs.
-  const cupti::Api* api = tracker_ ? cupti::load(cfg_.cupti_path, &why) : nullptr;
-  trace_ = ChromeTrace::open(cfg_.trace_file, api, &why);
-  if (!trace_) {
-    log::warn("cannot write SPILLWAY_TRACE file '{}' ({}): no trace", cfg_.trace_file, why);
-    return;
+  // Device timestamps, kernels and kernel durations come from CUPTI's
+  // activity records: one reader per process, which needs the tracker's CUPTI.
+  std::string no_activity = "no access tracking";
+  if (tracker_ && (!cfg_.trace_file.empty() || recorder_)) {
+    if (const cupti::Api* api = cupti::load(cfg_.cupti_path, &no_activity))
+      activity_ = cupti::ActivityReader::open(*api, &no_activity);
   }
-  if (!why.empty()) log::warn("SPILLWAY_TRACE: {}: kernels are missing", why);
-  if (tracker_) tracker_->set_internal_call_hook(&ChromeTrace::internal_call, trace_.get());
-  trace_->install_signal_handlers();
-}
-
-void Runtime::start_durations() {
-  // Kernel durations come from CUPTI's activity records, which one reader
-  // takes per process: the Chrome trace when there is one, else the recorder.
-  if (trace_) {
-    trace_->set_record_listener(&Recorder::on_device_record, recorder_.get());
-    return;
+  if (!cfg_.trace_file.empty()) {
+    trace_ = ChromeTrace::open(cfg_.trace_file, activity_.get(), &why);
+    if (!trace_) {
+      log::warn("cannot write SPILLWAY_TRACE file '{}' ({}): no trace", cfg_.trace_file, why);
+    } else {
+      // Spillway's events still go out, on the host clock.
+      if (tracker_ && !activity_)
+        log::warn("SPILLWAY_TRACE: no device timestamps ({}): kernels are missing", no_activity);
+      if (activity_) activity_->listen(trace_.get());
+      trace_->install_signal_handlers();
+    }
   }
-  std::string why = "no access tracking";
-  const cupti::Api* api = tracker_ ? cupti::load(cfg_.cupti_path, &why) : nullptr;
-  if (!api || !recorder_->collect_durations(*api, &why))
-    log::warn("SPILLWAY_RECORD: kernel durations are not recorded ({})", why);
+  if (recorder_) {
+    if (activity_)
+      activity_->listen(recorder_.get());
+    else
+      log::warn("SPILLWAY_RECORD: kernel durations are not recorded ({})", no_activity);
+  }
+  if (activity_) {
+    if (activity_->has_listeners())
+      activity_->start();
+    else
+      activity_.reset();
+  }
+  if (cfg_.stacks) {
+    sites_ = Sites::start(cfg_.min_block, &why);
+    if (!sites_) log::warn("SPILLWAY_STACKS=1: {}; allocation sites are not recorded", why);
+  }
+  // Sites first: it names the blocks' sites for the others.
+  observers_.add(sites_.get());
+  observers_.add(trace_.get());
+  observers_.add(recorder_.get());
+  if (tracker_ && !observers_.empty())
+    tracker_->set_internal_call_hook(&Observers::internal_call, &observers_);
 }
 
 void Runtime::envelope(uintptr_t* lo, uintptr_t* hi) const {
@@ -169,7 +182,7 @@ void Runtime::for_each_owner(const Touch* touches, size_t n, F&& f) {
 
 void Runtime::before_use(const Access& access, const Touch* touches, size_t n) {
   for_each_owner(touches, n, [&](Allocator& a, const Touch& t) { a.before_use(access, &t, 1); });
-  if (recorder_) recorder_->on_access(access, touches, n);
+  if (!observers_.empty()) observers_.on_access(access, touches, n);
 }
 
 void Runtime::hold(const Touch* touches, size_t n) {
@@ -219,7 +232,8 @@ Allocator* Runtime::allocator(int device) {
   // a residency-accounting gap not yet found (docs/limitations.md).
   if (cfg_.policy == Policy::kLru || cfg_.mode == Mode::kManaged)
     o.chooser = std::make_shared<policy::LruChooser>();
-  o.observer = sites_ ? static_cast<Observer*>(sites_.get()) : trace_.get();
+  // Null when nobody observes: the allocator then skips the clock reads.
+  o.observer = observers_.empty() ? nullptr : &observers_;
   o.gpu_budget = cfg_.mode == Mode::kOff ? 0
                  : cfg_.gpu_budget.set   ? cfg_.gpu_budget.resolve(total)
                                          : default_gpu_budget(total);
@@ -246,7 +260,7 @@ Allocator* Runtime::allocator(int device) {
 
 void Runtime::mark_step() {
   const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (recorder_) recorder_->on_step(next);
+  if (!observers_.empty()) observers_.on_step(next);
   // Where the step ends in the order of accesses: launches after it belong
   // to the next step, whether or not they touch a large block.
   const uint64_t end = tracker_ ? tracker_->last_seq() : own_seq_.load(std::memory_order_relaxed);
@@ -284,8 +298,11 @@ void Runtime::report_at_exit() {
   Stats s = stats();
   // The one line a user always gets (unless SPILLWAY_LOG_LEVEL=off), even at
   // a quieter level than info.
+  // The reader first: its last records bring the trace's kernels and the
+  // record's durations.
+  if (activity_) activity_->stop();
   if (trace_) trace_->finish();
-  if (recorder_) recorder_->close();  // after the trace: its last records bring durations
+  if (recorder_) recorder_->close();
   auto& l = log::get();
   if (cfg_.log_level != LogLevel::kOff) {
     l.log(std::max(l.level(), spdlog::level::info), "{}", summary_line(s));

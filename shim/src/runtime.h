@@ -12,13 +12,15 @@
 #include <array>
 
 #include "access.h"
+#include "activity.h"
 #include "allocator.h"
 #include "chrome_trace.h"
-#include "tracker.h"
 #include "config.h"
+#include "driver.h"
+#include "observers.h"
 #include "recorder.h"
 #include "sites.h"
-#include "driver.h"
+#include "tracker.h"
 
 namespace spillway {
 
@@ -32,13 +34,12 @@ class Runtime final : public AccessSink {
 
   Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
   Stats stats();
-  // A training step ended: the recorder writes a marker, each allocator's
+  // A training step ended: the observers hear of it, each allocator's
   // policy turns its schedule.
   void mark_step();
-  // SPILLWAY_RECORD's writer, or null.
-  Recorder* recorder() { return recorder_.get(); }
-  // SPILLWAY_STACKS's call sites, or null.
-  Sites* sites() { return sites_.get(); }
+  // Every observer (SPILLWAY_STACKS, SPILLWAY_TRACE, SPILLWAY_RECORD), in
+  // one list: the C ABI reports allocations and frees to it.
+  Observers& observers() { return observers_; }
   // A malloc that returned NULL before reaching an allocator (no driver, bad
   // device): counted with the out-of-memory results.
   void note_unserved() { unserved_.fetch_add(1, std::memory_order_relaxed); }
@@ -63,8 +64,7 @@ class Runtime final : public AccessSink {
   void start();
   void report_at_exit();
   void start_tracking();
-  void start_trace();      // SPILLWAY_TRACE
-  void start_durations();  // SPILLWAY_RECORD's kernel durations
+  void start_observers();  // SPILLWAY_STACKS, SPILLWAY_TRACE, SPILLWAY_RECORD
 
   Config cfg_;
   const cu::Driver* driver_ = nullptr;
@@ -75,9 +75,12 @@ class Runtime final : public AccessSink {
   std::array<std::atomic<Allocator*>, kMaxDevices> active_{};  // lock-free lookups
   std::atomic<size_t> active_count_{0};
   std::unique_ptr<Tracker> tracker_;
-  std::unique_ptr<Recorder> recorder_;
+  // The one reader of CUPTI's activity records, for the trace and the record.
+  std::unique_ptr<cupti::ActivityReader> activity_;
+  std::unique_ptr<Sites> sites_;
   std::unique_ptr<ChromeTrace> trace_;
-  std::unique_ptr<Sites> sites_;  // before trace_ in the allocators' observer chain
+  std::unique_ptr<Recorder> recorder_;
+  Observers observers_;  // the allocators' observer (null when it is empty)
   bool blind_ = false;
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> unserved_{0};

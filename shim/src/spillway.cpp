@@ -18,11 +18,7 @@ ABI_EXPORT void* spillway_malloc(size_t size, int device, CUstream_st* stream) {
   spillway::Allocator* a = rt.allocator(device);
   if (a) {
     void* p = a->malloc(size, stream);
-    if (!p) return p;
-    const char* site = nullptr;
-    if (spillway::Sites* s = rt.sites(); s && size >= rt.config().min_block)
-      site = s->on_alloc(p, size);
-    if (spillway::Recorder* r = rt.recorder()) r->on_alloc(p, size, stream, site);
+    if (p && !rt.observers().empty()) rt.observers().on_alloc({p, size, stream, device, nullptr});
     return p;
   }
   if (size) rt.note_unserved();
@@ -34,8 +30,7 @@ ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* s
   Runtime& rt = Runtime::get();
   spillway::Allocator* a = rt.allocator(device);
   if (!a) return;
-  if (spillway::Recorder* r = rt.recorder()) r->on_free(ptr, size, stream);
-  if (spillway::Sites* s = rt.sites()) s->on_free(ptr);
+  if (!rt.observers().empty()) rt.observers().on_free({ptr, size, stream, device, nullptr});
   a->free(ptr, size, stream);
 }
 

@@ -399,4 +399,68 @@ TEST(ChromeTraceWriter, MemoryStaysWithinTheCapsUnderLoad) {
   fs::remove_all(tmpl);
 }
 
+// The allocator calls the trace's observer methods with its lock held: they
+// must return at once even when the writer cannot write. The file is a FIFO
+// nobody reads, so the writer thread stalls in write(2) with the ring and the
+// spill full: events are dropped and counted, and no producer waits (the
+// ring's producers once waited up to 100 ms each for room).
+TEST(ChromeTraceWriter, ProducersNeverWaitForAStalledWriter) {
+  char tmpl[] = "/tmp/chrome_trace_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  const std::string path = std::string(tmpl) + "/t.json";
+  ASSERT_EQ(0, mkfifo(path.c_str(), 0600));
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  spillway::ChromeTrace::Limits lim;
+  lim.ring_events = 16;
+  lim.spill_events = 64;
+  lim.out_bytes = 8192;
+  lim.flush_ms = 1;
+  std::string why;
+  auto t = spillway::ChromeTrace::open(path, nullptr, &why, lim);
+  ASSERT_NE(nullptr, t) << why;
+  // Far more than the pipe (64 KiB), the out buffer, the ring and the spill hold.
+  constexpr int kEvents = 20000;
+  const auto start = std::chrono::steady_clock::now();
+  auto slowest = std::chrono::steady_clock::duration::zero();
+  int pushed = 0;
+  for (; pushed < kEvents; ++pushed) {
+    const auto before = std::chrono::steady_clock::now();
+    spillway::Transfer x;
+    x.ptr = 0x7f0000000000ull + pushed * 4096ull;
+    x.bytes = 4096;
+    t->on_transfer(x);
+    const auto took = std::chrono::steady_clock::now() - before;
+    slowest = std::max(slowest, took);
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) break;
+  }
+  EXPECT_EQ(kEvents, pushed) << "the producers waited for the writer";
+  EXPECT_LT(slowest, std::chrono::milliseconds(50));
+  const auto c = t->counters();
+  EXPECT_GT(c.events_dropped, 0u);
+  EXPECT_LE(c.ring_peak, lim.ring_events);
+  EXPECT_LE(c.spill_peak, lim.spill_events);
+  // Unstall the writer, then close: the end event reports the drops.
+  std::string data;
+  std::thread drain([&] {
+    const int fd = ::open(path.c_str(), O_RDONLY);  // blocking now, until the writer closes
+    char buf[65536];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+      data.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+  });
+  t->finish();
+  drain.join();
+  ::close(reader);
+  const auto after = t->counters();
+  EXPECT_TRUE(after.closed);
+  EXPECT_EQ(uint64_t{kEvents}, after.evictions + after.events_dropped);
+  EXPECT_NE(std::string::npos,
+            data.find("\"events_dropped\":" + std::to_string(after.events_dropped)));
+  EXPECT_EQ(0u, data.rfind("[", 0));
+  EXPECT_GE(data.size(), 2u);
+  EXPECT_EQ("]\n", data.substr(data.size() - 2));
+  fs::remove_all(tmpl);
+}
+
 }  // namespace

@@ -1,18 +1,23 @@
 // SPILLWAY_RECORD: a job's record read back has the job's events, in order;
 // a damaged record is refused with the offset of the damage; a record that
 // cannot be written costs the job nothing.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "recorder.h"
 #include "trace/trace.h"
 
 namespace fs = std::filesystem;
@@ -183,4 +188,60 @@ TEST(Record, StacksNameTheCallSiteOfLargeAllocations) {
   EXPECT_NE(site_of[1], site_of[2]) << "two call sites, two sites";
   EXPECT_EQ(0u, site_of[3]) << "small blocks have no site";
   fs::remove(path);
+}
+
+// The recorder is called on the job's threads (allocations, launches, step
+// marks), some of them holding locks: it must never write there. Its file is
+// a FIFO nobody reads, so whatever writes stalls once the pipe is full: the
+// calls must all return, the writer thread being the one that waits.
+TEST(Record, TheCallersNeverWriteTheFile) {
+  char tmpl[] = "/tmp/spillway-record-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  const std::string path = std::string(tmpl) + "/r.spwt";
+  ASSERT_EQ(0, mkfifo(path.c_str(), 0600));
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  std::string why;
+  auto rec = spillway::Recorder::open(path, &why);
+  ASSERT_NE(nullptr, rec) << why;
+  // Several blocks of records (a block is written when 1 MiB is full), far
+  // more than the pipe's 64 KiB.
+  constexpr int kAllocs = 400000;
+  std::atomic<int> done{0};
+  std::thread job([&] {
+    for (int i = 0; i < kAllocs; ++i) {
+      const auto p = reinterpret_cast<const void*>(0x7f0000000000ull + i * 4096ull);
+      rec->on_alloc({p, 4096, nullptr, 0, nullptr});
+      rec->on_free({p, 4096, nullptr, 0, nullptr});
+      done.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done.load() < kAllocs && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(kAllocs, done.load()) << "a caller waited for the file";
+  // Unstall (also what lets a failing run end), then read the record back.
+  const std::string copy = path + ".copy";
+  std::thread drain([&] {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    const int out = ::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    char buf[65536];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+      if (::write(out, buf, static_cast<size_t>(n)) != n) break;
+    ::close(out);
+    ::close(fd);
+  });
+  job.join();
+  rec->close();
+  drain.join();
+  ::close(reader);
+  std::string error;
+  const auto ev = read_all(copy, &error);
+  ASSERT_EQ("", error);
+  // STEP 0, then every allocation and free, in order.
+  ASSERT_EQ(1u + 2u * kAllocs, ev.size());
+  EXPECT_TRUE(std::holds_alternative<tr::StepRec>(ev[0]));
+  EXPECT_TRUE((tr::Event{tr::AllocRec{1, 4096, 0, 0}}) == ev[1]);
+  EXPECT_TRUE((tr::Event{tr::FreeRec{kAllocs, 0}}) == ev.back());
+  fs::remove_all(tmpl);
 }
