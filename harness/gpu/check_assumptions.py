@@ -205,7 +205,7 @@ def check_a(gpu, args):
     notes = []
     if numa_id not in (None, 0):
         notes.append(f"the GPU's host NUMA node is {numa_id}; spillway currently creates host memory "
-                     "on node 0 (shim/src/allocator.cpp): evictions may cross sockets (report this)")
+                     "on node 0 (shim/src/host_backing.cpp): evictions may cross sockets (report this)")
     if not vmm:
         return "FAIL", m, notes + ["VMM unsupported: spillway cannot serve allocations here"]
     numa = numa_id if numa_id is not None and numa_id >= 0 else 0
