@@ -94,20 +94,25 @@ struct World {
 
 // The world of the benchmark running now, rebuilt when the number of live
 // blocks changes (one CUPTI subscriber at a time: the old tracker goes first).
+// The last one is never destroyed, as the shim's runtime never is: at static
+// destruction the simulated driver's own state may already be gone (the
+// allocator's destructor then corrupted the heap: "malloc(): unsorted double
+// linked list corrupted" after the last benchmark).
 World* world(size_t live) {
-  static std::unique_ptr<World> w;
+  static World* w = nullptr;
   static size_t w_live = 0;
   if (!w || w_live != live) {
     if (w) {
       w->tracker.reset();
       for (auto& [p, size] : w->blocks) w->alloc->free(p, size, nullptr);
       w->alloc.reset();
+      delete w;
     }
-    w = std::make_unique<World>();
+    w = new World;
     w_live = live;
     if (!w->start(live)) std::fprintf(stderr, "set-up failed: %s\n", w->error.c_str());
   }
-  return w.get();
+  return w;
 }
 
 void BM_LaunchScan(benchmark::State& state) {

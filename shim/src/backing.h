@@ -81,14 +81,18 @@ class Backing {
   // The destructor's: every block's memory, whatever its state.
   virtual void release_all() = 0;
 
-  // Device memory held beyond the handles of the device pool.
-  virtual uint64_t device_beyond_pool() const = 0;
+  // Device memory held beyond the handles of the device pool (not virtual:
+  // every malloc reads it).
+  uint64_t device_beyond_pool() const { return beyond_pool_; }
   // Host memory held for evicted (or evicting) blocks.
   virtual uint64_t host_held() const = 0;
   // Device bytes that taking a block of `need` bytes would add.
   virtual uint64_t added_by(size_t need) const = 0;
   virtual uint64_t host_creates() const { return 0; }
   virtual uint64_t host_reserved() const = 0;  // host memory behind evicted blocks
+
+ protected:
+  uint64_t beyond_pool_ = 0;
 };
 
 // The backing SPILLWAY_MODE asks for (`managed`, or host remap when

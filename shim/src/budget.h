@@ -39,7 +39,6 @@ class Budget {
 
   uint64_t gpu() const { return gpu_; }    // 0: none (SPILLWAY_MODE=off, or no eviction)
   uint64_t host() const { return host_; }  // 0: none
-  void disable() { gpu_ = 0; }
 
   // Bytes over the budget if device memory held became `held`.
   uint64_t excess(uint64_t held) const { return gpu_ && held > gpu_ ? held - gpu_ : 0; }
@@ -64,8 +63,13 @@ class Budget {
   bool over_seen() const { return over_seen_; }
 
  private:
+  uint64_t below(uint64_t headroom) const {
+    return gpu_ ? gpu_ - std::min<uint64_t>(gpu_, headroom) : 0;
+  }
+
   uint64_t gpu_, host_;
   size_t granule_;
+  uint64_t high_, low_;
   bool over_seen_ = false;
 };
 

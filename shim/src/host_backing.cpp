@@ -188,7 +188,6 @@ class HostBacking final : public Backing {
     }
   }
 
-  uint64_t device_beyond_pool() const override { return 0; }
   uint64_t host_held() const override { return host_.held(); }
   uint64_t added_by(size_t need) const override { return p_.dev.has(need) ? 0 : need; }
   uint64_t host_creates() const override { return host_.creates(); }

@@ -27,7 +27,7 @@ class ManagedBacking final : public Backing {
     CUdeviceptr ptr = 0;
     if (CUresult r = CU_CALL(p_.d, cuMemAllocManaged, &ptr, cap, CU_MEM_ATTACH_GLOBAL);
         r != CUDA_SUCCESS) {
-      device_ -= cap;
+      beyond_pool_ -= cap;
       log::error("cuMemAllocManaged of {} bytes on device {} failed: {}", cap, p_.device,
                  cu::describe(p_.d, r));
       return nullptr;
@@ -80,7 +80,7 @@ class ManagedBacking final : public Backing {
   bool finish_evict(Block* b, bool copied) override {
     // The prefetch has moved the pages; nothing to swap.
     if (copied && !b->cancel) {
-      device_ -= b->cap;
+      beyond_pool_ -= b->cap;
       b->where = Block::Where::kHost;
       return true;
     }
@@ -119,7 +119,7 @@ class ManagedBacking final : public Backing {
       r = p_.streams.drain(h2d);
     if (r != CUDA_SUCCESS) {
       // Still counted on the host; a GPU access faults its pages in.
-      device_ -= b->cap;
+      beyond_pool_ -= b->cap;
       log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       return r;
     }
@@ -136,7 +136,7 @@ class ManagedBacking final : public Backing {
     if (b->where == Block::Where::kHost)
       host_ -= b->cap;
     else
-      device_ -= b->cap;
+      beyond_pool_ -= b->cap;
     p_.table.forget(b);
     return true;
   }
@@ -146,7 +146,6 @@ class ManagedBacking final : public Backing {
       CU_CALL(p_.d, cuMemFree, static_cast<CUdeviceptr>(ptr));
   }
 
-  uint64_t device_beyond_pool() const override { return device_; }
   uint64_t host_held() const override { return host_; }
   // A managed block is never served by a pooled handle: counted in full (a
   // little early for a small chunk).
@@ -160,7 +159,7 @@ class ManagedBacking final : public Backing {
   // pages out itself): slow, correct.
   bool take_device(size_t size) {
     if (!p_.room.make_room(size)) return false;
-    device_ += size;
+    beyond_pool_ += size;
     return true;
   }
   CUresult prefetch(uintptr_t ptr, size_t n, bool to_device, CUstream s) {
@@ -171,8 +170,8 @@ class ManagedBacking final : public Backing {
   }
 
   BackingParts p_;
-  uint64_t device_ = 0;  // managed blocks placed on the device and not since moved out
-  uint64_t host_ = 0;    // managed blocks moved (or moving) to the host
+  // beyond_pool_: managed blocks placed on the device and not since moved out.
+  uint64_t host_ = 0;  // managed blocks moved (or moving) to the host
 };
 
 }  // namespace

@@ -29,7 +29,7 @@ Block* StreamCache::take_large(size_t cap, size_t slack, CUstream stream, CopySt
   return nullptr;
 }
 
-void StreamCache::give(Block* b, CUstream evicting_on) {
+void StreamCache::give_later(Block* b, CUstream evicting_on) {
   // Its eviction copy reads it: reusable only once that copy is done, so that
   // a new owner's writes do not race it.
   if (evicting_on) {
@@ -52,16 +52,7 @@ void StreamCache::give(Block* b, CUstream evicting_on) {
   make_reusable(b);
 }
 
-void StreamCache::make_reusable(Block* b) {
-  // The block returns to its allocation stream, whatever stream freed it:
-  // that is the stream its last uses are ordered on.
-  if (b->large)
-    large_[b->stream][b->cap].push_back(b);
-  else
-    small_[{b->stream, b->cap}].push_back(b);
-}
-
-void StreamCache::process_pending() {
+void StreamCache::reuse_pending() {
   for (size_t i = 0; i < pending_.size();) {
     Block* b = pending_[i];
     bool done = true;
@@ -83,14 +74,6 @@ Event StreamCache::take_event() {
   Event e = std::move(events_.back());
   events_.pop_back();
   return e;
-}
-
-Block* StreamCache::reuse_small(size_t n, CUstream stream) {
-  auto it = small_.find({stream, n});
-  if (it == small_.end() || it->second.empty()) return nullptr;
-  Block* b = it->second.back();
-  it->second.pop_back();
-  return b;
 }
 
 uintptr_t StreamCache::carve_small(size_t n, CUstream stream) {

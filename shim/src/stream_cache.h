@@ -37,13 +37,24 @@ class StreamCache {
   // A freed block: reusable now, or once the events recorded on the streams
   // that used it (and `evicting_on`, the copy stream, if its eviction copy is
   // in flight) have completed.
-  void give(Block* b, CUstream evicting_on);
+  void give(Block* b, CUstream evicting_on) {
+    if (evicting_on || !b->users.empty()) return give_later(b, evicting_on);
+    make_reusable(b);
+  }
   // Frees whose events completed become reusable.
-  void process_pending();
+  void process_pending() {
+    if (!pending_.empty()) reuse_pending();
+  }
 
   // Small blocks: a freed one of exactly `n` bytes, or a range carved from
   // the stream's chunks (0 if none has room).
-  Block* reuse_small(size_t n, CUstream stream);
+  Block* reuse_small(size_t n, CUstream stream) {
+    auto it = small_.find({stream, n});
+    if (it == small_.end() || it->second.empty()) return nullptr;
+    Block* b = it->second.back();
+    it->second.pop_back();
+    return b;
+  }
   uintptr_t carve_small(size_t n, CUstream stream);
   // A new chunk for `stream`; returns the range of `n` bytes carved from it.
   uintptr_t add_chunk(uintptr_t va, size_t size, CUmemGenericAllocationHandle h, CUstream stream,
@@ -83,7 +94,16 @@ class StreamCache {
       return std::hash<const void*>()(k.stream) ^ (k.size * 0x9E3779B97F4A7C15ull);
     }
   };
-  void make_reusable(Block* b);
+  // The block returns to its allocation stream, whatever stream freed it:
+  // that is the stream its last uses are ordered on.
+  void make_reusable(Block* b) {
+    if (b->large)
+      large_[b->stream][b->cap].push_back(b);
+    else
+      small_[{b->stream, b->cap}].push_back(b);
+  }
+  void give_later(Block* b, CUstream evicting_on);
+  void reuse_pending();
   Event take_event();
   void flush_small();
   Chunk* chunk_of(uintptr_t p);
