@@ -21,6 +21,16 @@ Block* BlockTable::make() {
   return blocks_.back().get();
 }
 
+Block* BlockTable::make_large(uintptr_t ptr, size_t cap, CUstream stream) {
+  Block* b = make();
+  b->ptr = ptr;
+  b->cap = cap;
+  b->large = true;
+  b->stream = stream;
+  place(b);
+  return b;
+}
+
 void BlockTable::recycle(Block* b) {
   *b = Block{};
   spare_.push_back(b);

@@ -25,7 +25,9 @@ class BlockTable {
   // `arena` must be reserved already; `granule` divides its size.
   void init(const VaArena& arena, size_t granule);
 
-  Block* make();           // a blank block, recycled if one is spare
+  Block* make();  // a blank block, recycled if one is spare
+  // A new large block owning [ptr, ptr + cap), placed.
+  Block* make_large(uintptr_t ptr, size_t cap, CUstream stream);
   void recycle(Block* b);  // no longer in use (its memory given back): blanked
   // Every block ever made (spare ones are blank: not large, not live).
   const std::vector<std::unique_ptr<Block>>& all() const { return blocks_; }

@@ -45,13 +45,8 @@ class HostBacking final : public Backing {
       p_.dev.give(h, cap);
       return nullptr;
     }
-    Block* b = p_.table.make();
-    b->ptr = va;
-    b->cap = cap;
-    b->large = true;
+    Block* b = p_.table.make_large(va, cap, stream);
     b->dev = h;
-    b->stream = stream;
-    p_.table.place(b);
     return b;
   }
 

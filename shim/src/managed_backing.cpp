@@ -47,13 +47,7 @@ class ManagedBacking final : public Backing {
           "placing {} managed bytes at {:#x} on device {} failed ({}): its first use faults "
           "them in",
           cap, ptr, p_.device, cu::describe(p_.d, r));
-    Block* b = p_.table.make();
-    b->ptr = ptr;
-    b->cap = cap;
-    b->large = true;
-    b->stream = stream;
-    p_.table.place(b);
-    return b;
+    return p_.table.make_large(ptr, cap, stream);
   }
 
   Start start_evict(Block* b, uint64_t host_budget, bool* failed) override {
