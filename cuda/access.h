@@ -50,7 +50,7 @@ struct Access {
   Kind kind = Kind::kLaunch;
   CUstream stream = nullptr;
   const char* name = nullptr;  // kernel name (lives as long as the process), or null
-  uint64_t seq = 0;            // one per launch, copy or set: batches of one call share it
+  uint64_t seq = 0;            // one per launch, copy or set
   uint32_t correlation = 0;    // CUPTI's correlation id of the call (activity records carry it)
 };
 
@@ -66,7 +66,8 @@ class AccessSink {
   // Work on `a.stream` is about to use these ranges: make their blocks
   // resident (restore, or cancel an eviction in flight) and record the
   // stream as a user. Called before the launch, copy or set is queued; a
-  // call with many ranges may come in several batches with the same `a.seq`.
+  // launch's ranges come in one call: its blocks are one unit, held together
+  // while any of them is restored.
   virtual void before_use(const Access& a, const Touch* touches, size_t n) = 0;
   // The blocks under these ranges must stay resident until released: work
   // captured into a CUDA graph (it runs whenever the graph is launched), a

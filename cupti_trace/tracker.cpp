@@ -538,17 +538,11 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   const Layout& l = layout(f);
   const Access access{Access::Kind::kLaunch, stream, l.name,
                       seq_.fetch_add(1, std::memory_order_relaxed) + 1, CurrentCall::correlation()};
-  // On the launch path: no heap allocation. Touches are reported in batches
-  // of a fixed size (a kernel with more pointer arguments just reports twice).
-  constexpr size_t kBatch = 32;
-  Touch found[kBatch];
-  size_t count = 0;
-  auto flush = [&] {
-    if (count == 0) return;
-    touches_.fetch_add(count, std::memory_order_relaxed);
-    deliver(access, found, count);
-    count = 0;
-  };
+  // All of a launch's touches go to the sink at once: its blocks are one
+  // unit there (held together while any is restored). Reused per thread, so
+  // the launch path allocates nothing once the buffer has grown.
+  thread_local std::vector<Touch> found;
+  found.clear();
   uintptr_t lo = 0, hi = 0;
   sink_.envelope(&lo, &hi);
   const uintptr_t span = hi - lo;
@@ -557,8 +551,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
     std::memcpy(&w, at, 8);
     // Most words are sizes, strides and flags: one inline compare rejects them.
     if (w - lo >= span || !sink_.may_own(w)) return;
-    found[count++] = {w, w + 1};
-    if (count == kBatch) flush();
+    found.push_back({w, w + 1});
   };
   if (extra) {
     const unsigned char* buf = nullptr;
@@ -580,7 +573,9 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
       for (uint32_t k = (8 - off % 8) % 8; k + 8 <= size; k += 8) word(arg + k);
     }
   }
-  flush();
+  if (found.empty()) return;
+  touches_.fetch_add(found.size(), std::memory_order_relaxed);
+  deliver(access, found.data(), found.size());
 }
 
 }  // namespace spillway

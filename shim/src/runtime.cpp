@@ -171,26 +171,34 @@ bool Runtime::may_own(uintptr_t p) const {
 
 template <class F>
 void Runtime::for_each_owner(const Touch* touches, size_t n, F&& f) {
+  // Each allocator gets all the ranges of a call it may own at once: a
+  // launch's blocks are one unit, held together while any of them is
+  // restored, under one taking of the allocator's lock. (Reused per thread:
+  // no allocation on the launch path once it has grown.)
+  thread_local std::vector<Touch> mine;
   const size_t count = active_count_.load(std::memory_order_acquire);
   for (size_t i = 0; i < count; ++i) {
     Allocator* a = active_[i].load(std::memory_order_acquire);
     if (!a) continue;
+    mine.clear();
     for (size_t t = 0; t < n; ++t)
-      if (a->may_own(touches[t].lo)) f(*a, touches[t]);
+      if (a->may_own(touches[t].lo)) mine.push_back(touches[t]);
+    if (!mine.empty()) f(*a, mine.data(), mine.size());
   }
 }
 
 void Runtime::before_use(const Access& access, const Touch* touches, size_t n) {
-  for_each_owner(touches, n, [&](Allocator& a, const Touch& t) { a.before_use(access, &t, 1); });
+  for_each_owner(touches, n,
+                 [&](Allocator& a, const Touch* t, size_t m) { a.before_use(access, t, m); });
   if (!observers_.empty()) observers_.on_access(access, touches, n);
 }
 
 void Runtime::hold(const Touch* touches, size_t n) {
-  for_each_owner(touches, n, [](Allocator& a, const Touch& t) { a.hold(&t, 1); });
+  for_each_owner(touches, n, [](Allocator& a, const Touch* t, size_t m) { a.hold(t, m); });
 }
 
 void Runtime::release(const Touch* touches, size_t n) {
-  for_each_owner(touches, n, [](Allocator& a, const Touch& t) { a.release(&t, 1); });
+  for_each_owner(touches, n, [](Allocator& a, const Touch* t, size_t m) { a.release(t, m); });
 }
 
 Allocator* Runtime::allocator(int device) {
