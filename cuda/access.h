@@ -64,10 +64,11 @@ class AccessSink {
   // wider): the scan's inline first check, so most words cost no call.
   virtual void envelope(uintptr_t* lo, uintptr_t* hi) const = 0;
   // Work on `a.stream` is about to use these ranges: make their blocks
-  // resident (restore, or cancel an eviction in flight) and record the
-  // stream as a user. Called before the launch, copy or set is queued; a
-  // launch's ranges come in one call: its blocks are one unit, held together
-  // while any of them is restored.
+  // resident (restore, or cancel an eviction in flight), record the stream
+  // as a user, and hold them (as hold() does) until the caller releases
+  // them once the work is queued: no eviction may start on a block between
+  // this call and the queueing (its copy would be ordered before the work).
+  // A launch's ranges come in one call: its blocks are one unit.
   virtual void before_use(const Access& a, const Touch* touches, size_t n) = 0;
   // The blocks under these ranges must stay resident until released: work
   // captured into a CUDA graph (it runs whenever the graph is launched), a

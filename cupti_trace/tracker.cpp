@@ -101,6 +101,13 @@ CUstream per_thread(CUstream s) {
   return s ? s : CU_STREAM_PER_THREAD;
 }
 
+// Ranges before_use held for calls not yet returned, released at the call's
+// exit callback (the work is queued by then): the ranges, and per call its
+// correlation id and first range. A stack: a runtime launch's driver call
+// nests inside it.
+thread_local std::vector<Touch> t_held;
+thread_local std::vector<std::pair<uint32_t, size_t>> t_held_calls;
+
 struct Scope {
   Scope() { t_in_callback = true; }
   ~Scope() {
@@ -159,6 +166,9 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
       hook(t->hook_ctx_, cbid, cb);
     return;
   }
+  if (cb->callbackSite == CUPTI_API_EXIT && !t_held_calls.empty() &&
+      t_held_calls.back().first == cb->correlationId)
+    t->release_held();
   CurrentCall::set_correlation(cb->correlationId);
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
     // correlationData carries "scanned" from the enter to the exit callback.
@@ -258,6 +268,16 @@ void Tracker::deliver(const Access& a, const Touch* t, size_t n) {
     }
   }
   sink_.before_use(a, t, n);
+  if (t_held_calls.empty() || t_held_calls.back().first != a.correlation)
+    t_held_calls.push_back({a.correlation, t_held.size()});
+  t_held.insert(t_held.end(), t, t + n);
+}
+
+void Tracker::release_held() {
+  const size_t first = t_held_calls.back().second;
+  t_held_calls.pop_back();
+  sink_.release(t_held.data() + first, t_held.size() - first);
+  t_held.resize(first);
 }
 
 bool Tracker::on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb) {

@@ -78,6 +78,8 @@ class Tracker {
   // Capture and graph calls; false if `cbid` is not one.
   bool on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb);
   // To the sink: before_use, or a hold when the stream is capturing.
+  // The call that before_use held ranges for has returned: release them.
+  void release_held();
   void deliver(const Access& a, const Touch* t, size_t n);
   const Layout& layout(CUfunction f);
   void report(Access::Kind kind, const Touch* t, size_t n, CUstream stream);

@@ -487,12 +487,12 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   const CUstream stream = a.stream;
   std::lock_guard lk(mu_);
   bool moved = false;
-  // The launch's blocks are claimed (held) as they come: restoring one must
-  // not evict another the same launch needs, whatever the policy predicts.
-  claimed_.clear();
+  // The launch's blocks are held as they come, and stay held until the
+  // caller releases them once the work is queued: restoring one must not
+  // evict another the same work needs, and no eviction may start on one
+  // before the work is in its stream (its copy would not wait for it).
   auto use = [&](Block* b) {
     ++b->holds;
-    claimed_.push_back(b);
     note_user(b, stream);
     b->last_use = ++tick_;
     chooser_->on_access({b->ptr, b->size, reinterpret_cast<uint64_t>(stream), a.seq, a.name});
@@ -500,7 +500,6 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   };
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [&](Block* b) { note_user(b, stream); });
-  for (Block* b : claimed_) --b->holds;
   if (moved) notify_memory();
 }
 

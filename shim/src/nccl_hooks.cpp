@@ -255,10 +255,9 @@ Result around(const char* name, const void* send, size_t send_bytes, const void*
   a.stream = stream;
   a.name = name;
   a.seq = rt->next_access_seq();
-  // Hold first: it restores a block on the host and, once held, no eviction
-  // can start on it before the call is queued; before_use then records the
-  // call's stream as a user of the blocks (their free waits for it).
-  rt->hold(rs.t, rs.n);
+  // before_use restores the blocks, records the call's stream as a user
+  // (their free waits for it) and holds them: no eviction can start on one
+  // before the call is queued, nor while the collective runs (released then).
   rt->before_use(a, rs.t, rs.n);
   const Result res = call();
   Group& g = t_group;

@@ -557,6 +557,7 @@ class ScheduleTest : public AllocatorTest {
       spillway::Access acc;
       acc.seq = ++seq_;
       a.before_use(acc, &t, 1);
+      a.release(&t, 1);  // the launch is queued
     };
     auto use = [&](int i) {
       touch(i);
@@ -637,6 +638,7 @@ TEST_F(AllocatorTest, RestoringABlockNeverEvictsAnotherOfTheSameLaunch) {
   spillway::Access acc;
   acc.seq = 1;
   a->before_use(acc, t, 2);
+  a->release(t, 2);  // the launch is queued
   EXPECT_EQ(Allocator::Residency::kDevice, a->residency(resident));
   EXPECT_EQ(Allocator::Residency::kDevice, a->residency(evicted));
   for (int i = 0; i < 4; ++i) check(p[i], 4 * MiB, 900u + static_cast<uint64_t>(i), nullptr);
@@ -909,6 +911,7 @@ class ManagedTest : public AllocatorTest {
     spillway::Access acc;
     acc.stream = s;
     a.before_use(acc, &t, 1);
+    a.release(&t, 1);  // the launch is queued
   }
 };
 
