@@ -559,10 +559,19 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
   const Access access{Access::Kind::kLaunch, stream, l.name,
                       seq_.fetch_add(1, std::memory_order_relaxed) + 1, CurrentCall::correlation()};
   // All of a launch's touches go to the sink at once: its blocks are one
-  // unit there (held together while any is restored). Reused per thread, so
-  // the launch path allocates nothing once the buffer has grown.
-  thread_local std::vector<Touch> found;
-  found.clear();
+  // unit there (held together while any is restored). On the stack: the
+  // launch path allocates nothing. A launch naming more than kMaxTouches
+  // candidate pointers (PyTorch's multi-tensor kernels name about a hundred)
+  // reports them in several calls.
+  constexpr size_t kMaxTouches = 256;
+  Touch found[kMaxTouches];
+  size_t count = 0;
+  auto flush = [&] {
+    if (count == 0) return;
+    touches_.fetch_add(count, std::memory_order_relaxed);
+    deliver(access, found, count);
+    count = 0;
+  };
   uintptr_t lo = 0, hi = 0;
   sink_.envelope(&lo, &hi);
   const uintptr_t span = hi - lo;
@@ -571,7 +580,8 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
     std::memcpy(&w, at, 8);
     // Most words are sizes, strides and flags: one inline compare rejects them.
     if (w - lo >= span || !sink_.may_own(w)) return;
-    found.push_back({w, w + 1});
+    found[count++] = {w, w + 1};
+    if (count == kMaxTouches) flush();
   };
   if (extra) {
     const unsigned char* buf = nullptr;
@@ -593,9 +603,7 @@ void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUst
       for (uint32_t k = (8 - off % 8) % 8; k + 8 <= size; k += 8) word(arg + k);
     }
   }
-  if (found.empty()) return;
-  touches_.fetch_add(found.size(), std::memory_order_relaxed);
-  deliver(access, found.data(), found.size());
+  flush();
 }
 
 }  // namespace spillway
