@@ -46,7 +46,6 @@ class Worker {
     cv_.notify_one();
     thread_.join();
   }
-  bool running() const { return thread_.joinable(); }
 
  private:
   void loop(std::chrono::milliseconds period) {

@@ -68,8 +68,9 @@ class AccessSink {
   // as a user, and hold them (as hold() does) until the caller releases
   // them once the work is queued: no eviction may start on a block between
   // this call and the queueing (its copy would be ordered before the work).
-  // A launch's ranges come in one call: its blocks are one unit.
-  virtual void before_use(const Access& a, const Touch* touches, size_t n) = 0;
+  // A launch's ranges come in one call: its blocks are one unit. Returns
+  // whether it held anything (false: nothing to release).
+  virtual bool before_use(const Access& a, const Touch* touches, size_t n) = 0;
   // The blocks under these ranges must stay resident until released: work
   // captured into a CUDA graph (it runs whenever the graph is launched), a
   // collective in flight, a user's pin. Holds nest; a held block that is

@@ -267,7 +267,9 @@ void Tracker::deliver(const Access& a, const Touch* t, size_t n) {
       return;
     }
   }
-  sink_.before_use(a, t, n);
+  // Only what was held needs releasing (a launch touching small blocks
+  // alone costs no second taking of the lock).
+  if (!sink_.before_use(a, t, n)) return;
   if (t_held_calls.empty() || t_held_calls.back().first != a.correlation)
     t_held_calls.push_back({a.correlation, t_held.size()});
   t_held.insert(t_held.end(), t, t + n);

@@ -78,8 +78,8 @@ class Observer {
   // too: the allocator refuses it afterwards).
   virtual void on_free(const Allocation&) {}
   // Work is about to use these ranges (after the allocators made them
-  // resident). A call with many ranges may come in several batches with the
-  // same `a.seq`.
+  // resident). A launch naming more than 256 candidate pointers comes in
+  // several calls with the same `a.seq`.
   virtual void on_access(const Access&, const Touch*, size_t) {}
   // spillway_mark_step: step `step` begins.
   virtual void on_step(uint64_t) {}

@@ -301,10 +301,10 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
   // anything could be freed.
   size_t freed = 0;
   const bool short_of_device = r == CUDA_ERROR_OUT_OF_MEMORY;
+  std::function<size_t(size_t)> evict_live;
+  if (o_.evict)
+    evict_live = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    std::function<size_t(size_t)> evict_live;
-    if (o_.evict)
-      evict_live = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
     // The device, not the budget, says whether a step freed enough: one step
     // at a time, then the caller's retry.
     const size_t got = cascade([&] { return size; }, size, evict_live, true);
@@ -482,17 +482,18 @@ bool Allocator::use_large(Block* b, const CUstream* consumer, const char* what) 
   return true;
 }
 
-void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
+bool Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   InternalCalls internal;
   const CUstream stream = a.stream;
   std::lock_guard lk(mu_);
-  bool moved = false;
+  bool moved = false, held = false;
   // The launch's blocks are held as they come, and stay held until the
   // caller releases them once the work is queued: restoring one must not
   // evict another the same work needs, and no eviction may start on one
   // before the work is in its stream (its copy would not wait for it).
   auto use = [&](Block* b) {
     ++b->holds;
+    held = true;
     note_user(b, stream);
     b->last_use = ++tick_;
     chooser_->on_access({b->ptr, b->size, reinterpret_cast<uint64_t>(stream), a.seq, a.name});
@@ -501,6 +502,7 @@ void Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [&](Block* b) { note_user(b, stream); });
   if (moved) notify_memory();
+  return held;
 }
 
 void Allocator::hold(const Touch* touches, size_t n) {

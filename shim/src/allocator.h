@@ -90,7 +90,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // AccessSink: the tracker reports every launch, copy and set here.
   bool may_own(uintptr_t p) const override { return table_.may_own(p); }
   void envelope(uintptr_t* lo, uintptr_t* hi) const override { table_.envelope(lo, hi); }
-  void before_use(const Access& a, const Touch* touches, size_t n) override;
+  bool before_use(const Access& a, const Touch* touches, size_t n) override;
   void hold(const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
 

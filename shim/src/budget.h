@@ -35,24 +35,25 @@ struct Counter {
 
 class Budget {
  public:
-  Budget(uint64_t gpu, uint64_t host, size_t granule) : gpu_(gpu), host_(host), granule_(granule) {}
+  Budget(uint64_t gpu, uint64_t host, size_t granule)
+      : gpu_(gpu),
+        host_(host),
+        granule_(granule),
+        high_(below(std::max<uint64_t>(granule, gpu / 20))),
+        low_(below(std::max<uint64_t>(2 * granule, gpu / 10))) {}
 
   uint64_t gpu() const { return gpu_; }    // 0: none (SPILLWAY_MODE=off, or no eviction)
   uint64_t host() const { return host_; }  // 0: none
 
   // Bytes over the budget if device memory held became `held`.
   uint64_t excess(uint64_t held) const { return gpu_ && held > gpu_ ? held - gpu_ : 0; }
-  bool host_fits(uint64_t held) const { return host_ == 0 || held <= host_; }
 
   // The background mover keeps resident memory between these: it starts
   // above high() and frees down to low(), so that allocations rarely wait
   // for an eviction copy themselves. Zero when there is no budget to keep.
-  uint64_t high() const {
-    return gpu_ ? gpu_ - std::min<uint64_t>(gpu_, std::max<uint64_t>(granule_, gpu_ / 20)) : 0;
-  }
-  uint64_t low() const {
-    return gpu_ ? gpu_ - std::min<uint64_t>(gpu_, std::max<uint64_t>(2 * granule_, gpu_ / 10)) : 0;
-  }
+  // Computed once: every malloc compares with high().
+  uint64_t high() const { return high_; }
+  uint64_t low() const { return low_; }
   // Eviction ahead of need pays only when there is room to work in.
   bool room_for_background() const { return gpu_ > 4 * granule_; }
 

@@ -42,7 +42,6 @@ class Mover {
   void wake() { worker_.wake(); }
   // Waits for the round in progress. Idempotent.
   void stop() { worker_.stop(); }
-  bool running() const { return worker_.running(); }
 
  private:
   void round();

@@ -13,7 +13,7 @@
 // Each hook is one INTERCEPTOR(ret, name, params...) { ... } that calls on
 // through REAL(name) (the macros are defined just above the hooks), so that
 // the signature is written once and a new entry point is its definition, its
-// name in SPILLWAY_NCCL_REAL and a line in libspillway.map.
+// name in NCCL_REAL_FUNCTIONS and a line in libspillway.map.
 //
 // No NCCL header is needed: the few types used are NCCL's ABI (ints and
 // pointers), declared here.
@@ -56,7 +56,7 @@ using CommIntFn = Result (*)(Comm, int*);
 // Every NCCL function reached through REAL(): the hooked ones, then the
 // queries the hooks make. REAL(name) of a name missing here does not compile.
 // clang-format off
-#define SPILLWAY_NCCL_REAL(X) \
+#define NCCL_REAL_FUNCTIONS(X) \
   X(ncclAllReduce)            \
   X(ncclAllGather)            \
   X(ncclReduceScatter)        \
@@ -85,9 +85,9 @@ void* find(const char* name) {
 // Untyped, so that the table can precede the hooks that give each entry its
 // type (REAL casts).
 struct RealTable {
-#define SPILLWAY_NCCL_SLOT(name) void* name = nullptr;
-  SPILLWAY_NCCL_REAL(SPILLWAY_NCCL_SLOT)
-#undef SPILLWAY_NCCL_SLOT
+#define REAL_SLOT(name) void* name = nullptr;
+  NCCL_REAL_FUNCTIONS(REAL_SLOT)
+#undef REAL_SLOT
 };
 
 // Looked up together, once, on the first call of any hook: the hooks and the
@@ -96,9 +96,9 @@ struct RealTable {
 const RealTable& real_table() {
   static const RealTable t = [] {
     RealTable x;
-#define SPILLWAY_NCCL_FIND(name) x.name = find(#name);
-    SPILLWAY_NCCL_REAL(SPILLWAY_NCCL_FIND)
-#undef SPILLWAY_NCCL_FIND
+#define REAL_FIND(name) x.name = find(#name);
+    NCCL_REAL_FUNCTIONS(REAL_FIND)
+#undef REAL_FIND
     return x;
   }();
   return t;

@@ -171,12 +171,17 @@ bool Runtime::may_own(uintptr_t p) const {
 
 template <class F>
 void Runtime::for_each_owner(const Touch* touches, size_t n, F&& f) {
-  // Each allocator gets all the ranges of a call it may own at once: a
-  // launch's blocks are one unit, held together while any of them is
-  // restored, under one taking of the allocator's lock. (Reused per thread:
-  // no allocation on the launch path once it has grown.)
-  thread_local std::vector<Touch> mine;
+  // Each allocator gets all the ranges of a call at once: a launch's blocks
+  // are one unit, held together while any of them is restored, under one
+  // taking of the allocator's lock. One device (the norm: a process per
+  // GPU): all of them, as they are (an allocator ignores ranges it does not
+  // own). Several: each its own, gathered in a buffer reused per thread.
   const size_t count = active_count_.load(std::memory_order_acquire);
+  if (count == 1) {
+    if (Allocator* a = active_[0].load(std::memory_order_acquire)) f(*a, touches, n);
+    return;
+  }
+  thread_local std::vector<Touch> mine;
   for (size_t i = 0; i < count; ++i) {
     Allocator* a = active_[i].load(std::memory_order_acquire);
     if (!a) continue;
@@ -187,10 +192,13 @@ void Runtime::for_each_owner(const Touch* touches, size_t n, F&& f) {
   }
 }
 
-void Runtime::before_use(const Access& access, const Touch* touches, size_t n) {
-  for_each_owner(touches, n,
-                 [&](Allocator& a, const Touch* t, size_t m) { a.before_use(access, t, m); });
+bool Runtime::before_use(const Access& access, const Touch* touches, size_t n) {
+  bool held = false;
+  for_each_owner(touches, n, [&](Allocator& a, const Touch* t, size_t m) {
+    held = a.before_use(access, t, m) || held;
+  });
   if (!observers_.empty()) observers_.on_access(access, touches, n);
+  return held;
 }
 
 void Runtime::hold(const Touch* touches, size_t n) {

@@ -53,7 +53,7 @@ class Runtime final : public AccessSink {
   // owns the address.
   bool may_own(uintptr_t p) const override;
   void envelope(uintptr_t* lo, uintptr_t* hi) const override;
-  void before_use(const Access& a, const Touch* touches, size_t n) override;
+  bool before_use(const Access& a, const Touch* touches, size_t n) override;
   void hold(const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
 
