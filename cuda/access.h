@@ -71,6 +71,10 @@ class AccessSink {
   // A launch's ranges come in one call: its blocks are one unit. Returns
   // whether it held anything (false: nothing to release).
   virtual bool before_use(const Access& a, const Touch* touches, size_t n) = 0;
+  // The work before_use was told of is queued on `stream`: release its
+  // holds, and let a copy of these blocks wait for exactly that work from
+  // now on (copy_streams.h: marks) rather than for the stream's tail.
+  virtual void after_use(CUstream stream, const Touch* touches, size_t n) = 0;
   // The blocks under these ranges must stay resident until released: work
   // captured into a CUDA graph (it runs whenever the graph is launched), a
   // collective in flight, a user's pin. Holds nest; a held block that is

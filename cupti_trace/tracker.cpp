@@ -103,10 +103,15 @@ CUstream per_thread(CUstream s) {
 
 // Ranges before_use held for calls not yet returned, released at the call's
 // exit callback (the work is queued by then): the ranges, and per call its
-// correlation id and first range. A stack: a runtime launch's driver call
-// nests inside it.
+// correlation id, stream and first range. A stack: a runtime launch's driver
+// call nests inside it.
+struct HeldCall {
+  uint32_t correlation;
+  CUstream stream;
+  size_t first;
+};
 thread_local std::vector<Touch> t_held;
-thread_local std::vector<std::pair<uint32_t, size_t>> t_held_calls;
+thread_local std::vector<HeldCall> t_held_calls;
 
 struct Scope {
   Scope() { t_in_callback = true; }
@@ -167,7 +172,7 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
     return;
   }
   if (cb->callbackSite == CUPTI_API_EXIT && !t_held_calls.empty() &&
-      t_held_calls.back().first == cb->correlationId)
+      t_held_calls.back().correlation == cb->correlationId)
     t->release_held();
   CurrentCall::set_correlation(cb->correlationId);
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
@@ -270,16 +275,16 @@ void Tracker::deliver(const Access& a, const Touch* t, size_t n) {
   // Only what was held needs releasing (a launch touching small blocks
   // alone costs no second taking of the lock).
   if (!sink_.before_use(a, t, n)) return;
-  if (t_held_calls.empty() || t_held_calls.back().first != a.correlation)
-    t_held_calls.push_back({a.correlation, t_held.size()});
+  if (t_held_calls.empty() || t_held_calls.back().correlation != a.correlation)
+    t_held_calls.push_back({a.correlation, a.stream, t_held.size()});
   t_held.insert(t_held.end(), t, t + n);
 }
 
 void Tracker::release_held() {
-  const size_t first = t_held_calls.back().second;
+  const HeldCall call = t_held_calls.back();
   t_held_calls.pop_back();
-  sink_.release(t_held.data() + first, t_held.size() - first);
-  t_held.resize(first);
+  sink_.after_use(call.stream, t_held.data() + call.first, t_held.size() - call.first);
+  t_held.resize(call.first);
 }
 
 bool Tracker::on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb) {

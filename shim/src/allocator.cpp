@@ -235,6 +235,7 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
     free_evicted(b);
     return;
   }
+  streams_->clear_marks(*b);
   // A block freed during its eviction copy keeps its device copy.
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;
@@ -243,8 +244,8 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
 
 void Allocator::free_evicted(Block* b) {
   // Queued work may still read the host copy: let it finish before unmapping.
-  streams_->drain(b->stream);
-  for (CUstream u : b->users) streams_->drain(u);
+  streams_->wait_uses(*b);
+  streams_->clear_marks(*b);
   if (!backing_->release(b)) {
     log::error("freeing evicted block {:#x} failed; its host memory is kept", b->ptr);
     return;
@@ -511,11 +512,34 @@ void Allocator::hold(const Touch* touches, size_t n) {
   bool moved = false;
   auto use = [&](Block* b) {
     ++b->holds;
+    // Held for work spillway does not see end (a graph, a collective): its
+    // copies wait for the tails of its streams from now on.
+    streams_->clear_marks(*b);
     moved |= use_large(b, nullptr, "restore of held block");
   };
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [](Block*) {});  // small blocks are never evicted
   if (moved) notify_memory();
+}
+
+void Allocator::after_use(CUstream stream, const Touch* touches, size_t n) {
+  InternalCalls internal;
+  std::lock_guard lk(mu_);
+  // Marks cost one event record per launch: only once evictions happen (a
+  // job that fits its budget records none).
+  const bool mark = budget_.over_seen();
+  UseMark* m = nullptr;
+  bool recorded = false;
+  auto done = [&](Block* b) {
+    b->holds -= b->holds > 0 ? 1 : 0;
+    if (!mark) return;
+    if (!recorded) {
+      recorded = true;
+      m = streams_->record_mark(stream);
+    }
+    if (m) streams_->set_mark(*b, stream, m);
+  };
+  for (size_t i = 0; i < n; ++i) table_.for_each_block(touches[i], done, [](Block*) {});
 }
 
 void Allocator::release(const Touch* touches, size_t n) {
@@ -542,6 +566,9 @@ CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consume
 }
 
 void Allocator::note_user(Block* b, CUstream stream) {
+  // Work on `stream` uses it after any mark it has there: a copy waits for
+  // that stream's tail until a new mark follows the work (after_use).
+  if (!b->marks.empty()) streams_->clear_mark(*b, stream);
   if (stream == b->stream) return;
   if (std::find(b->users.begin(), b->users.end(), stream) == b->users.end())
     b->users.push_back(stream);

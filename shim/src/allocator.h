@@ -92,6 +92,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void envelope(uintptr_t* lo, uintptr_t* hi) const override { table_.envelope(lo, hi); }
   bool before_use(const Access& a, const Touch* touches, size_t n) override;
   void hold(const Touch* touches, size_t n) override;
+  void after_use(CUstream stream, const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
 
   enum class Residency { kUnknown, kDevice, kEvicting, kHost };

@@ -11,12 +11,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "events.h"
 #include "raii.h"
 
 namespace spillway {
+
+struct UseMark;  // copy_streams.h
 
 struct Block {
   enum class Where : uint8_t {
@@ -29,6 +32,9 @@ struct Block {
   size_t cap = 0;               // bytes behind it: a granule multiple for large blocks
   CUstream stream = nullptr;    // the allocation stream: its free list on reuse
   std::vector<CUstream> users;  // other streams seen using it (contract 3)
+  // Large blocks: per stream, the mark after its latest use there
+  // (copy_streams.h); a copy waits for the tail of a stream without one.
+  std::vector<std::pair<CUstream, UseMark*>> marks;
   bool large = false;
   bool live = false;
   Where where = Where::kDevice;

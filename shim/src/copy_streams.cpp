@@ -1,5 +1,7 @@
 #include "copy_streams.h"
 
+#include <algorithm>
+
 namespace spillway {
 
 CUresult CopyStreams::not_capturing(CUstream s) const {
@@ -17,10 +19,26 @@ CUresult CopyStreams::order_after(CUstream waiter, CUstream s) {
   return r;
 }
 
-CUresult CopyStreams::order_after_users(CUstream waiter, const Block& b) {
-  CUresult r = order_after(waiter, b.stream);
+CUresult CopyStreams::order_after_uses(CUstream waiter, const Block& b) {
+  auto one = [&](CUstream s) {
+    if (const UseMark* m = mark_of(b, s))
+      return CU_CALL(d_, cuStreamWaitEvent, waiter, m->ev.get(), 0);
+    return order_after(waiter, s);
+  };
+  CUresult r = one(b.stream);
   for (CUstream u : b.users)
-    if (r == CUDA_SUCCESS) r = order_after(waiter, u);
+    if (r == CUDA_SUCCESS) r = one(u);
+  return r;
+}
+
+CUresult CopyStreams::wait_uses(const Block& b) {
+  auto one = [&](CUstream s) {
+    if (const UseMark* m = mark_of(b, s)) return CU_CALL(d_, cuEventSynchronize, m->ev.get());
+    return drain(s);
+  };
+  CUresult r = one(b.stream);
+  for (CUstream u : b.users)
+    if (r == CUDA_SUCCESS) r = one(u);
   return r;
 }
 
@@ -29,6 +47,60 @@ CUresult CopyStreams::drain(CUstream s) {
   CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
   if (r == CUDA_SUCCESS) r = CU_CALL(d_, cuEventSynchronize, ev_.get());
   return r;
+}
+
+UseMark* CopyStreams::record_mark(CUstream s) {
+  UseMark* m = nullptr;
+  if (!free_marks_.empty()) {
+    m = free_marks_.back();
+    free_marks_.pop_back();
+  } else {
+    auto fresh = std::make_unique<UseMark>();
+    fresh->ev = Event(d_);
+    if (!fresh->ev) return nullptr;
+    m = marks_.emplace_back(std::move(fresh)).get();
+  }
+  if (CU_CALL(d_, cuEventRecord, m->ev.get(), s) != CUDA_SUCCESS) {
+    free_marks_.push_back(m);
+    return nullptr;
+  }
+  return m;
+}
+
+const UseMark* CopyStreams::mark_of(const Block& b, CUstream s) const {
+  for (const auto& [stream, m] : b.marks)
+    if (stream == s) return m;
+  return nullptr;
+}
+
+void CopyStreams::unref(UseMark* m) {
+  if (--m->refs == 0) free_marks_.push_back(m);
+}
+
+void CopyStreams::set_mark(Block& b, CUstream s, UseMark* m) {
+  ++m->refs;  // first: `m` may be the mark it replaces
+  for (auto& [stream, old] : b.marks)
+    if (stream == s) {
+      unref(old);
+      old = m;
+      return;
+    }
+  b.marks.push_back({s, m});
+}
+
+void CopyStreams::clear_mark(Block& b, CUstream s) {
+  for (size_t i = 0; i < b.marks.size(); ++i)
+    if (b.marks[i].first == s) {
+      unref(b.marks[i].second);
+      b.marks[i] = b.marks.back();
+      b.marks.pop_back();
+      return;
+    }
+}
+
+void CopyStreams::clear_marks(Block& b) {
+  for (auto& [stream, m] : b.marks) unref(m);
+  b.marks.clear();
 }
 
 }  // namespace spillway

@@ -1,16 +1,35 @@
 // spillway's own copy streams, and the one way its work is ordered after the
-// job's: an event recorded on the job's stream, waited for by a copy stream
-// (order_after) or by the host (drain). Used under the allocator's lock (one
-// event serves every call).
+// job's: an event on the job's stream, waited for by a copy stream
+// (order_after_uses) or by the host (wait_uses, drain). Used under the
+// allocator's lock.
+//
+// A copy of a block waits for the block's own last use on each stream, not
+// for everything queued there: once the job is under pressure, the work that
+// used large blocks is followed by a mark (an event recorded right after it,
+// shared by all the blocks it used), and a block keeps the latest mark of
+// each stream that used it. A stream without a mark (blind mode, before the
+// first eviction, after a use spillway did not see end: a collective, a
+// graph) is waited for to its tail, as before marks existed.
 #pragma once
 
 #include <cuda.h>
+
+#include <memory>
+#include <vector>
 
 #include "block.h"
 #include "driver.h"
 #include "raii.h"
 
 namespace spillway {
+
+// An event recorded after work that used large blocks, shared by them and
+// pooled: it goes back to the pool when no block refers to it (a wait
+// already queued on it is bound to its record, cuda.h cuStreamWaitEvent).
+struct UseMark {
+  Event ev;
+  uint32_t refs = 0;
+};
 
 class CopyStreams {
  public:
@@ -27,15 +46,33 @@ class CopyStreams {
   CUresult not_capturing(CUstream s) const;
   // `waiter` waits for all work queued so far on `s`.
   CUresult order_after(CUstream waiter, CUstream s);
-  // ... on every stream that uses `b`.
-  CUresult order_after_users(CUstream waiter, const Block& b);
+  // `waiter` waits for every use of `b`: its mark on each stream that used
+  // it, or that stream's tail where it has none.
+  CUresult order_after_uses(CUstream waiter, const Block& b);
+  // The host waits for the same.
+  CUresult wait_uses(const Block& b);
   // The host waits for all work queued so far on `s`.
   CUresult drain(CUstream s);
 
+  // A mark after the work just queued on `s` (not capturing); null if it
+  // cannot be recorded (the blocks then keep no mark for `s`).
+  UseMark* record_mark(CUstream s);
+  // `b`'s latest use on `s` is the work `m` follows.
+  void set_mark(Block& b, CUstream s, UseMark* m);
+  // `b` is (or may be) used on `s` after its mark there: forget that mark.
+  void clear_mark(Block& b, CUstream s);
+  void clear_marks(Block& b);
+  size_t marks_in_use() const { return marks_.size() - free_marks_.size(); }
+
  private:
+  const UseMark* mark_of(const Block& b, CUstream s) const;
+  void unref(UseMark* m);
+
   const cu::Driver& d_;
   Stream d2h_, h2d_;
   Event ev_;
+  std::vector<std::unique_ptr<UseMark>> marks_;
+  std::vector<UseMark*> free_marks_;
 };
 
 }  // namespace spillway

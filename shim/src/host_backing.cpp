@@ -79,7 +79,7 @@ class HostBacking final : public Backing {
       return Start::kStop;
     }
     const CUstream d2h = p_.streams.d2h();
-    if ((r = p_.streams.order_after_users(d2h, *b)) != CUDA_SUCCESS ||
+    if ((r = p_.streams.order_after_uses(d2h, *b)) != CUDA_SUCCESS ||
         (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, d2h)) != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       CU_CALL(p_.d, cuMemUnmap, scratch, b->cap);
@@ -134,10 +134,11 @@ class HostBacking final : public Backing {
       return scratch ? r : CUDA_ERROR_OUT_OF_MEMORY;
     }
     // The host copy may have been written through its mapping by work queued
-    // on any stream that uses the block: copy after all of it. The swap of
+    // on any stream that uses the block: copy after all of it (its latest
+    // use seen on each stream, copy_streams.h). The swap of
     // mappings below needs the copy done, so the host waits for it.
     const CUstream h2d = p_.streams.h2d();
-    if ((r = p_.streams.order_after_users(h2d, *b)) == CUDA_SUCCESS &&
+    if ((r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
         (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, h2d)) == CUDA_SUCCESS)
       r = p_.streams.drain(h2d);
     bool ok = r == CUDA_SUCCESS && CU_CALL(p_.d, cuMemUnmap, scratch, b->cap) == CUDA_SUCCESS;

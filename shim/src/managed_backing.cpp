@@ -59,7 +59,7 @@ class ManagedBacking final : public Backing {
     // After everything already queued on the streams that use it, so no
     // queued kernel faults its pages straight back.
     const CUstream d2h = p_.streams.d2h();
-    CUresult r = p_.streams.order_after_users(d2h, *b);
+    CUresult r = p_.streams.order_after_uses(d2h, *b);
     if (r == CUDA_SUCCESS) r = prefetch(b->ptr, b->cap, false, d2h);
     if (r != CUDA_SUCCESS) {
       log::warn("eviction prefetch of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
@@ -106,7 +106,7 @@ class ManagedBacking final : public Backing {
     // the host to wait, except for a holder with no stream (or a capturing
     // consumer).
     const CUstream h2d = p_.streams.h2d();
-    CUresult r = p_.streams.order_after_users(h2d, *b);
+    CUresult r = p_.streams.order_after_uses(h2d, *b);
     if (r == CUDA_SUCCESS) r = prefetch(b->ptr, b->cap, true, h2d);
     if (r == CUDA_SUCCESS && (!consumer || p_.streams.not_capturing(*consumer) != CUDA_SUCCESS ||
                               p_.streams.order_after(*consumer, h2d) != CUDA_SUCCESS))

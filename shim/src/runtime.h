@@ -55,6 +55,7 @@ class Runtime final : public AccessSink {
   void envelope(uintptr_t* lo, uintptr_t* hi) const override;
   bool before_use(const Access& a, const Touch* touches, size_t n) override;
   void hold(const Touch* touches, size_t n) override;
+  void after_use(CUstream stream, const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
 
  private:

@@ -2,6 +2,7 @@
 // restore, the budget, out-of-memory, injected driver failures and warm reuse.
 // Every block carries a pattern derived from its identity; simulated kernels
 // write and check it on the block's stream, so a lost or stale byte is counted.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -598,6 +599,64 @@ TEST_F(ScheduleTest, FromTheSecondStepTheBlockUsedFurthestAheadIsEvicted) {
   EXPECT_EQ('B', step(*a, 0)) << "no schedule yet: least recently used";
   EXPECT_EQ('A', step(*a, 1));
   EXPECT_EQ('A', step(*a, 2));
+}
+
+// Once under pressure, a launch's blocks are marked after it (an event on
+// its stream): evicting one of them later waits for that launch, not for
+// everything queued on the stream since. A use spillway does not see end (a
+// hold released, as for a collective) leaves no mark: the copy then waits
+// for the stream's tail. Simulated time.
+TEST_F(AllocatorTest, AnEvictionCopyWaitsForTheBlocksLastUseNotTheStreamsTail) {
+  auto a = make(8 * MiB);
+  ASSERT_NE(nullptr, a);
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  const CUfunction slow = sleep_kernel(10'000'000);  // 10 ms of simulated time
+  void* p[3];
+  for (int i = 0; i < 3; ++i) {  // the third evicts: the job is over its budget
+    p[i] = a->malloc(4 * MiB, s);
+    ASSERT_NE(nullptr, p[i]);
+    fill(p[i], 4 * MiB, 700u + static_cast<uint64_t>(i), s);
+  }
+  ASSERT_CU(cuStreamSynchronize(s));
+  void* x = nullptr;
+  for (void* q : p)
+    if (a->residency(q) == Allocator::Residency::kDevice) x = q;
+  ASSERT_NE(nullptr, x);
+  const uint64_t seed = 700u + static_cast<uint64_t>(std::find(p, p + 3, x) - p);
+  const uintptr_t xp = reinterpret_cast<uintptr_t>(x);
+  const spillway::Touch t{xp, xp + 1};
+  spillway::Access acc;
+  acc.stream = s;
+  // Uses x, then queues 10 ms of work on the same stream; returns the
+  // simulated time the host spent evicting x.
+  auto evict_after_use = [&](bool seen_end) -> uint64_t {
+    acc.seq++;
+    a->before_use(acc, &t, 1);
+    check(x, 4 * MiB, seed, s);
+    if (seen_end)
+      a->after_use(s, &t, 1);
+    else
+      a->release(&t, 1);
+    uint64_t us = 0;
+    void* params[] = {&us};
+    EXPECT_CU(cuLaunchKernel(slow, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+    const uint64_t t0 = simcuda_now_ns();
+    EXPECT_CU(a->evict(x));
+    return simcuda_now_ns() - t0;
+  };
+  const uint64_t marked = evict_after_use(true);
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(x));
+  EXPECT_LT(marked, 1'000'000u) << "waited for the stream's tail";
+  ASSERT_CU(cuStreamSynchronize(s));
+  const uint64_t unmarked = evict_after_use(false);  // before_use restores it
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(x));
+  EXPECT_GE(unmarked, 9'000'000u) << "did not wait for a use it did not see end";
+  EXPECT_EQ(0u, mismatches());
+  check(x, 4 * MiB, seed, s);  // read through its host mapping
+  EXPECT_EQ(0u, mismatches());
+  for (void* q : p) a->free(q, 4 * MiB, s);
+  ASSERT_CU(cuStreamDestroy(s));
 }
 
 // A launch touching a resident block A and an evicted block B: B's restore
