@@ -5,7 +5,11 @@
 #pragma once
 
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 // cupti.h brings the callback ids and generated_cuda_meta.h with the v1
 // typedefs that header needs.
@@ -23,6 +27,16 @@ enum class Cost : uint8_t { kApi, kLaunch };
 // The correlation id of the call being made on this thread (0 outside one);
 // ops enqueued by the body carry it into their activity records.
 uint32_t current_correlation();
+
+// The exported name of every driver entry point: the cuGetProcAddress table
+// lists them all (SimEntryPoints.EveryDriverExportCanBeGivenACost checks it).
+std::vector<std::string_view> entry_point_names();
+
+// Resolves SIMCUDA_VMM_NS and SIMCUDA_CALL_NS (config.h) to a cost per
+// exported name. An item naming no entry point is an error naming the
+// variable, the item and the accepted forms.
+bool configure_costs(const Config& cfg, std::unordered_map<std::string_view, uint64_t>* out,
+                     std::string* error);
 
 CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_size, Cost cost,
                    CUresult (*body)(void*), void* body_ctx);

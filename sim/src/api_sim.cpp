@@ -10,10 +10,44 @@
 namespace sim::api {
 namespace {
 thread_local uint32_t t_correlation = 0;
+
+// The host cost of one call of `name` (docs/sim.md, "Virtual clock").
+uint64_t host_cost(const State& st, const char* name, Cost cost) {
+  if (!st.call_ns.empty())
+    if (auto it = st.call_ns.find(name); it != st.call_ns.end()) return it->second;
+  return cost == Cost::kLaunch ? st.config.launch_ns : st.config.api_ns;
 }
+}  // namespace
 
 uint32_t current_correlation() {
   return t_correlation;
+}
+
+bool configure_costs(const Config& cfg, std::unordered_map<std::string_view, uint64_t>* out,
+                     std::string* error) {
+  const std::vector<std::string_view> names = entry_point_names();
+  // Sets the cost of every entry point `rule` matches; false if none does.
+  auto apply = [&](std::string_view rule, uint64_t ns) {
+    bool any = false;
+    for (std::string_view n : names)
+      if (faults::matches(rule, n)) {
+        (*out)[n] = ns;
+        any = true;
+      }
+    return any;
+  };
+  if (cfg.vmm_ns)
+    for (std::string_view n :
+         {"cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemCreate", "cuMemRelease"})
+      apply(n, *cfg.vmm_ns);
+  // Later than SIMCUDA_VMM_NS, so its items win.
+  for (const auto& [rule, ns] : cfg.call_ns) {
+    if (apply(rule, ns)) continue;
+    *error = "simcuda: SIMCUDA_CALL_NS='" + cfg.call_ns_spec + "': '" + rule +
+             "' names no driver entry point of the sim; accepted: " + kCallNsForms;
+    return false;
+  }
+  return true;
 }
 
 CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_size, Cost cost,
@@ -23,7 +57,7 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
     return refuse(CUDA_ERROR_NOT_PERMITTED, "%s called from a host function", name);
   const CUresult injected = faults::on_call(name);
   State* st = state();
-  if (st) clock::advance(cost == Cost::kLaunch ? st->config.launch_ns : st->config.api_ns);
+  if (st) clock::advance(host_cost(*st, name, cost));
   const uint32_t corr = st ? st->next_correlation.fetch_add(1) : 0;
   const uint32_t outer = t_correlation;
   t_correlation = corr;
@@ -41,7 +75,7 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
     hooks->api(cbid, false, name, params, &result, ctx_handle, ctx_id, corr, &correlation_data);
   result = injected != CUDA_SUCCESS ? injected : body(body_ctx);
   // The first cuInit creates the state, and its cost with it.
-  if (!st && (st = state())) clock::advance(st->config.api_ns);
+  if (!st && (st = state())) clock::advance(host_cost(*st, name, cost));
   if (injected != CUDA_SUCCESS) refuse(injected, "%s: injected failure (SIMCUDA_FAIL)", name);
   if (hooks && hooks->api)
     hooks->api(cbid, true, name, params, &result, ctx_handle, ctx_id, corr, &correlation_data);

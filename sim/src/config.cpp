@@ -34,6 +34,31 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   return std::nullopt;
 }
 
+const char* const kCallNsForms =
+    "name:ns[,name:ns...], name an exported driver entry point (cuMemMap, "
+    "cuMemcpyHtoDAsync_v2) or a base name (cuMemcpyHtoDAsync: all its versions and "
+    "_ptsz/_ptds variants), ns an integer number of nanoseconds up to 1 s, with an optional "
+    "unit ns, us or ms; e.g. cuMemMap:20us,cuMemUnmap:20000";
+
+std::optional<uint64_t> parse_ns(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 10) return std::nullopt;
+  const uint64_t v = std::stoull(text.substr(0, digits));
+  const std::string unit = text.substr(digits);
+  uint64_t mult = 0;
+  if (unit.empty() || unit == "ns")
+    mult = 1;
+  else if (unit == "us")
+    mult = 1000;
+  else if (unit == "ms")
+    mult = 1000000;
+  else
+    return std::nullopt;
+  if (v > 1000000000ull / mult) return std::nullopt;  // at most 1 s, like SIMCUDA_API_NS
+  return v * mult;
+}
+
 namespace {
 
 std::optional<uint64_t> parse_uint(const std::string& text) {
@@ -93,6 +118,41 @@ struct Reader {
       *out = *s;  // GB/s == bytes per ns
     }
   }
+  void ns(const char* name, std::optional<uint64_t>* out) {
+    if (const char* v = get(name)) {
+      auto s = parse_ns(v);
+      if (!s)
+        return fail(name, v,
+                    "an integer number of nanoseconds up to 1 s, with an optional unit ns, us "
+                    "or ms, e.g. 20us or 20000");
+      *out = *s;
+    }
+  }
+  // SIMCUDA_CALL_NS: name:ns,... (the names are checked at cuInit, against
+  // the entry points, by the library: sim::api::configure_costs).
+  void call_ns(const char* name, Config* c) {
+    const char* v = get(name);
+    if (!v) return;
+    const std::string spec = v;
+    c->call_ns_spec = spec;
+    size_t pos = 0;
+    while (ok && pos <= spec.size()) {
+      const size_t comma = spec.find(',', pos);
+      const std::string item =
+          spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      pos = comma == std::string::npos ? spec.size() + 1 : comma + 1;
+      auto bad = [&](const char* why) {
+        ok = false;
+        *error = std::string("simcuda: ") + name + "='" + spec + "': item '" + item + "' " + why +
+                 "; accepted: " + kCallNsForms;
+      };
+      const size_t colon = item.find(':');
+      if (colon == std::string::npos || colon == 0) return bad("has no name:ns");
+      auto t = parse_ns(item.substr(colon + 1));
+      if (!t) return bad("has no valid number of nanoseconds");
+      c->call_ns.emplace_back(item.substr(0, colon), *t);
+    }
+  }
   void flag(const char* name, bool* out) {
     if (const char* v = get(name)) {
       if (std::strcmp(v, "0") == 0)
@@ -125,6 +185,8 @@ std::optional<Config> load_config(std::string* error) {
   r.gbps("SIMCUDA_FAULT_GBPS", &c.fault_bytes_per_ns);
   r.uint("SIMCUDA_API_NS", &c.api_ns, 0, 1000000000);
   r.uint("SIMCUDA_LAUNCH_NS", &c.launch_ns, 0, 1000000000);
+  r.ns("SIMCUDA_VMM_NS", &c.vmm_ns);
+  r.call_ns("SIMCUDA_CALL_NS", &c);
   r.uint("SIMCUDA_JITTER", &c.jitter_seed, 0, UINT64_MAX);
   r.uint("SIMCUDA_JITTER_MAX_US", &c.jitter_max_us, 1, 1000000);
   r.flag("SIMCUDA_HOST_NUMA_VMM", &c.host_numa_vmm);
@@ -141,7 +203,8 @@ std::optional<Config> load_config(std::string* error) {
                                            "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
                                            "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED",
                                            "SIMCUDA_LOG",           "SIMCUDA_FAIL",
-                                           "SIMCUDA_DATA",          "SIMCUDA_FAULT_GBPS"};
+                                           "SIMCUDA_DATA",          "SIMCUDA_FAULT_GBPS",
+                                           "SIMCUDA_CALL_NS",       "SIMCUDA_VMM_NS"};
   for (char** e = environ; r.ok && e && *e; ++e) {
     if (std::strncmp(*e, "SIMCUDA_", 8) != 0) continue;
     std::string name(*e, std::strcspn(*e, "="));

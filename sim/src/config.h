@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace sim {
 
@@ -20,7 +22,15 @@ struct Config {
   double hbm_bytes_per_ns = 3000.0;  // ~3 TB/s
   uint64_t api_ns = 500;             // host cost of a driver call
   uint64_t launch_ns = 4000;         // host cost of a kernel launch
-  uint64_t jitter_seed = 0;          // 0: no jitter
+  // Per-entry-point host costs (assumptions, docs/sim.md). SIMCUDA_VMM_NS
+  // sets cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemCreate and cuMemRelease;
+  // SIMCUDA_CALL_NS=name:ns,... names entry points (exported or base names,
+  // matched as SIMCUDA_FAIL matches them) and wins over it, a later item over
+  // an earlier one. The names are checked against the entry points at cuInit.
+  std::optional<uint64_t> vmm_ns;
+  std::vector<std::pair<std::string, uint64_t>> call_ns;  // in the order given
+  std::string call_ns_spec;                               // SIMCUDA_CALL_NS as given
+  uint64_t jitter_seed = 0;                               // 0: no jitter
   uint64_t jitter_max_us = 200;
   // Managed memory a kernel migrates on first access moves in small batches,
   // each after a fault round trip: well below a prefetch's rate (assumption).
@@ -41,5 +51,11 @@ std::optional<Config> load_config(std::string* error);
 
 // "80GiB", "512MiB", "1.5GB", "4096" -> bytes. Exposed for tests.
 std::optional<uint64_t> parse_size(const std::string& text);
+
+// "500", "500ns", "20us", "1ms" -> nanoseconds (an integer, at most 1 s).
+// Exposed for tests.
+std::optional<uint64_t> parse_ns(const std::string& text);
+// The accepted forms of a SIMCUDA_CALL_NS value, for error messages.
+extern const char* const kCallNsForms;
 
 }  // namespace sim

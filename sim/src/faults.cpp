@@ -36,11 +36,11 @@ bool allocates(std::string_view base) {
   return false;
 }
 
-bool matches(const std::string& rule, std::string_view exported) {
+}  // namespace
+
+bool matches(std::string_view rule, std::string_view exported) {
   return rule == exported || rule == base_name(exported);
 }
-
-}  // namespace
 
 std::string_view base_name(std::string_view n) {
   for (std::string_view suffix : {"_ptsz", "_ptds"})

@@ -26,6 +26,8 @@ void clear();
 
 // "cuMemcpyHtoDAsync_v2_ptsz" -> "cuMemcpyHtoDAsync"
 std::string_view base_name(std::string_view exported);
+// A rule's name matches an exported name if it is that name or its base name.
+bool matches(std::string_view rule, std::string_view exported);
 
 }  // namespace sim::faults
 

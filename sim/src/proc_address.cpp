@@ -16,11 +16,13 @@ struct Entry {
   int min_version;  // first CUDA version whose cuGetProcAddress returns this variant
   void* fn;
   void* per_thread;  // the _ptsz/_ptds variant, if any
+  const char* name;  // the exported names of fn and per_thread
+  const char* per_thread_name;
 };
 
-#define E(base, ver, sym) {#base, ver, reinterpret_cast<void*>(&sym), nullptr},
+#define E(base, ver, sym) {#base, ver, reinterpret_cast<void*>(&sym), nullptr, #sym, nullptr},
 #define P(base, ver, sym, pt) \
-  {#base, ver, reinterpret_cast<void*>(&sym), reinterpret_cast<void*>(&pt)},
+  {#base, ver, reinterpret_cast<void*>(&sym), reinterpret_cast<void*>(&pt), #sym, #pt},
 
 // clang-format off
 const Entry kEntries[] = {
@@ -151,6 +153,19 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
 }
 
 }  // namespace
+
+namespace sim::api {
+
+std::vector<std::string_view> entry_point_names() {
+  std::vector<std::string_view> names;
+  for (const Entry& e : kEntries) {
+    names.emplace_back(e.name);
+    if (e.per_thread_name) names.emplace_back(e.per_thread_name);
+  }
+  return names;
+}
+
+}  // namespace sim::api
 
 extern "C" CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                                 cuuint64_t flags,

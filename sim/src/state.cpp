@@ -3,6 +3,7 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "api.h"
 #include "device_access.h"
 #include "faults.h"
 #include "memory.h"
@@ -50,9 +51,16 @@ CUresult init_state() {
     g_init_result = CUDA_ERROR_INVALID_VALUE;
     return g_init_result;
   }
+  std::unordered_map<std::string_view, uint64_t> call_ns;
+  if (!api::configure_costs(*cfg, &call_ns, &error)) {
+    std::fprintf(stderr, "%s\n", error.c_str());
+    g_init_result = CUDA_ERROR_INVALID_VALUE;
+    return g_init_result;
+  }
   g_log = cfg->log;
   auto* st = new State;  // never destroyed: detached stream workers may outlive main
   st->config = *cfg;
+  st->call_ns = std::move(call_ns);
   mem::init(st->config);
   device_access::install();
   for (int d = 0; d < cfg->device_count; ++d) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -122,6 +123,10 @@ struct Context {
 // are detached and may still run while the process exits.
 struct State {
   Config config;
+  // Host cost of the entry points SIMCUDA_VMM_NS / SIMCUDA_CALL_NS name, by
+  // exported name (keys view the cuGetProcAddress table's static strings).
+  // Built before the state is published, read-only after.
+  std::unordered_map<std::string_view, uint64_t> call_ns;
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<std::unique_ptr<Context>> primary;  // one primary context per device
 

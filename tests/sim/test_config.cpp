@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "config.h"
 
@@ -44,4 +45,54 @@ TEST(SimConfig, ReadsOverrides) {
   EXPECT_EQ(2, c->device_count);
   unsetenv("SIMCUDA_H2D_GBPS");
   unsetenv("SIMCUDA_DEVICE_COUNT");
+}
+
+TEST(SimConfig, ParsesNanoseconds) {
+  EXPECT_EQ(500u, sim::parse_ns("500"));
+  EXPECT_EQ(500u, sim::parse_ns("500ns"));
+  EXPECT_EQ(20000u, sim::parse_ns("20us"));
+  EXPECT_EQ(3000000u, sim::parse_ns("3ms"));
+  EXPECT_EQ(1000000000u, sim::parse_ns("1000ms"));
+  EXPECT_EQ(0u, sim::parse_ns("0"));
+  EXPECT_FALSE(sim::parse_ns("").has_value());
+  EXPECT_FALSE(sim::parse_ns("us").has_value());
+  EXPECT_FALSE(sim::parse_ns("-1").has_value());
+  EXPECT_FALSE(sim::parse_ns("1.5us").has_value());
+  EXPECT_FALSE(sim::parse_ns("20 us").has_value());
+  EXPECT_FALSE(sim::parse_ns("20s").has_value());
+  EXPECT_FALSE(sim::parse_ns("1001ms").has_value());  // above 1 s
+  EXPECT_FALSE(sim::parse_ns("99999999999").has_value());
+}
+
+TEST(SimConfig, ReadsCallCosts) {
+  setenv("SIMCUDA_CALL_NS", "cuMemMap:20us,cuMemcpyHtoDAsync_v2:700", 1);
+  setenv("SIMCUDA_VMM_NS", "15us", 1);
+  std::string err;
+  auto c = sim::load_config(&err);
+  unsetenv("SIMCUDA_CALL_NS");
+  unsetenv("SIMCUDA_VMM_NS");
+  ASSERT_TRUE(c.has_value()) << err;
+  ASSERT_EQ(2u, c->call_ns.size());
+  EXPECT_EQ("cuMemMap", c->call_ns[0].first);
+  EXPECT_EQ(20000u, c->call_ns[0].second);
+  EXPECT_EQ("cuMemcpyHtoDAsync_v2", c->call_ns[1].first);
+  EXPECT_EQ(700u, c->call_ns[1].second);
+  EXPECT_EQ(15000u, c->vmm_ns);
+  EXPECT_EQ(500u, c->api_ns);  // the defaults stay
+}
+
+TEST(SimConfig, RefusesBadCallCosts) {
+  for (const char* bad : {"cuMemMap", ":20us", "cuMemMap:", "cuMemMap:fast", "cuMemMap:1us,,"}) {
+    setenv("SIMCUDA_CALL_NS", bad, 1);
+    std::string err;
+    EXPECT_FALSE(sim::load_config(&err).has_value()) << bad;
+    EXPECT_NE(std::string::npos, err.find(std::string("SIMCUDA_CALL_NS='") + bad + "'")) << err;
+    EXPECT_NE(std::string::npos, err.find("accepted:")) << err;
+  }
+  unsetenv("SIMCUDA_CALL_NS");
+  setenv("SIMCUDA_VMM_NS", "20 us", 1);
+  std::string err;
+  EXPECT_FALSE(sim::load_config(&err).has_value());
+  EXPECT_NE(std::string::npos, err.find("SIMCUDA_VMM_NS='20 us'")) << err;
+  unsetenv("SIMCUDA_VMM_NS");
 }

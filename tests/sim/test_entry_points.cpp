@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "sim_test_util.h"
+#include "sim_test_extra.h"
 
 #ifndef SIM_CUDA_PATH
 #error "SIM_CUDA_PATH must name build/sim/libcuda.so.1 (tests/sim/CMakeLists.txt)"
@@ -45,7 +45,7 @@ const DriverEntry kDriverEntries[] = {
 
 // Each entry is a lambda so that a static_assert can check the name is a
 // function cupti.h declares.
-#define CUPTI_ENTRY_POINT(name)                                                    \
+#define CUPTI_ENTRY_POINT(name)                                                       \
   [] {                                                                                \
     static_assert(std::is_function_v<std::remove_pointer_t<decltype(&name)>>, #name); \
     return #name;                                                                     \
@@ -224,4 +224,31 @@ TEST(SimEntryPoints, LibcudaExportsOnlyCuAndSimcudaSymbols) {
   }
   EXPECT_TRUE(has_init) << "the symbol table was not read";
   EXPECT_TRUE(has_sim);
+}
+
+// Every driver export is an entry point SIMCUDA_CALL_NS can name (the sim
+// resolves those names through its cuGetProcAddress table): cuInit accepts
+// a SIMCUDA_CALL_NS that lists them all by exported name.
+TEST(SimEntryPoints, EveryDriverExportCanBeGivenACost) {
+  std::string error;
+  std::vector<std::string> syms = exported_symbols(SIM_CUDA_PATH, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  std::string spec;
+  size_t n = 0;
+  for (const std::string& s : syms) {
+    if (!s.starts_with("cu")) continue;
+    spec += (spec.empty() ? "" : ",") + s + ":600";
+    ++n;
+  }
+  ASSERT_GT(n, 100u) << "the symbol table was not read";
+  simtest::run_isolated({{"SIMCUDA_CALL_NS", spec.c_str()}}, [] {
+    testing::internal::CaptureStderr();
+    const CUresult r = cuInit(0);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(CUDA_SUCCESS, r) << err;
+    int count = 0;
+    const uint64_t t0 = simcuda_now_ns();
+    EXPECT_CU(cuDeviceGetCount(&count));
+    EXPECT_EQ(600u, simcuda_now_ns() - t0);
+  });
 }

@@ -1,0 +1,145 @@
+// Per-entry-point host costs: SIMCUDA_CALL_NS=name:ns,... and the shorthand
+// SIMCUDA_VMM_NS (docs/sim.md, "Configuration" and "Virtual clock"). A call
+// costs the calling thread's virtual clock exactly its configured cost (the
+// calls measured here wait for no device work), an entry point no variable
+// names keeps SIMCUDA_API_NS (SIMCUDA_LAUNCH_NS for launches), and a bad
+// value or an unknown name makes cuInit fail naming the variable.
+//
+// Each test runs in its own process (run_isolated): the variables are read
+// once, at cuInit.
+#include <string>
+
+#include "sim_test_extra.h"
+#include "variants.h"
+
+using namespace simtest;
+
+namespace {
+
+// The virtual time `call` costs the calling thread.
+template <class Call>
+uint64_t cost_of(Call&& call) {
+  const uint64_t t0 = simcuda_now_ns();
+  EXPECT_CU(call());
+  return simcuda_now_ns() - t0;
+}
+
+CUmemAccessDesc read_write() {
+  CUmemAccessDesc acc{};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return acc;
+}
+
+// cuInit with `env` set is refused; stderr names the variable, the value
+// and the accepted forms.
+void expect_refused(const EnvList& env, const std::string& variable, const std::string& value) {
+  run_isolated(env, [&] {
+    testing::internal::CaptureStderr();
+    const CUresult r = cuInit(0);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, r);
+    EXPECT_NE(std::string::npos, err.find(variable + "='" + value)) << "stderr: " << err;
+    EXPECT_NE(std::string::npos, err.find("accepted:")) << "stderr: " << err;
+    // The failure is final: nothing is initialized.
+    int n = 0;
+    EXPECT_EQ(CUDA_ERROR_NOT_INITIALIZED, cuDeviceGetCount(&n));
+  });
+}
+
+}  // namespace
+
+// SIMCUDA_VMM_NS sets the five VMM calls; a SIMCUDA_CALL_NS item wins over
+// it (cuMemSetAccess); other calls keep SIMCUDA_API_NS / SIMCUDA_LAUNCH_NS.
+TEST(SimCallCost, VmmShorthandAndOverrides) {
+  run_isolated({{"SIMCUDA_API_NS", "500"},
+                {"SIMCUDA_LAUNCH_NS", "4000"},
+                {"SIMCUDA_VMM_NS", "20us"},
+                {"SIMCUDA_CALL_NS", "cuMemSetAccess:7000"}},
+               [] {
+                 init_primary();
+                 const size_t g = granularity();
+                 const CUmemAllocationProp prop = device_prop();
+                 CUdeviceptr va = 0;
+                 CUmemGenericAllocationHandle h = 0;
+                 const CUmemAccessDesc acc = read_write();
+                 EXPECT_EQ(500u, cost_of([&] { return cuMemAddressReserve(&va, g, 0, 0, 0); }));
+                 EXPECT_EQ(20000u, cost_of([&] { return cuMemCreate(&h, g, &prop, 0); }));
+                 EXPECT_EQ(20000u, cost_of([&] { return cuMemMap(va, g, 0, h, 0); }));
+                 EXPECT_EQ(7000u, cost_of([&] { return cuMemSetAccess(va, g, &acc, 1); }));
+                 unsigned long long flags = 0;
+                 CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+                 EXPECT_EQ(500u, cost_of([&] { return cuMemGetAccess(&flags, &loc, va); }));
+                 EXPECT_EQ(20000u, cost_of([&] { return cuMemUnmap(va, g); }));
+                 EXPECT_EQ(20000u, cost_of([&] { return cuMemRelease(h); }));
+                 EXPECT_EQ(500u, cost_of([&] { return cuMemAddressFree(va, g); }));
+                 CUfunction k = nop_kernel(1000);
+                 EXPECT_EQ(4000u, cost_of([&] {
+                             return cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr,
+                                                   nullptr);
+                           }));
+                 EXPECT_CU(cuCtxSynchronize());
+               });
+}
+
+// A base name covers every version and per-thread variant; an exported name
+// only itself. A launch can be given its own cost too.
+TEST(SimCallCost, BaseAndExportedNames) {
+  run_isolated(
+      {{"SIMCUDA_CALL_NS", "cuStreamQuery:1234,cuStreamGetId_ptsz:900,cuLaunchKernel:2us"}}, [] {
+        init_primary();
+        CUstream s = nullptr;
+        ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        EXPECT_EQ(1234u, cost_of([&] { return cuStreamQuery(s); }));
+        EXPECT_EQ(1234u, cost_of([&] { return cuStreamQuery_ptsz(s); }));
+        unsigned long long id = 0;
+        EXPECT_EQ(900u, cost_of([&] { return cuStreamGetId_ptsz(s, &id); }));
+        EXPECT_EQ(500u, cost_of([&] { return cuStreamGetId(s, &id); }));
+        CUfunction k = nop_kernel(1000);
+        EXPECT_EQ(2000u, cost_of([&] {
+                    return cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr);
+                  }));
+        EXPECT_EQ(2000u, cost_of([&] {
+                    return cuLaunchKernel_ptsz(k, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr);
+                  }));
+        // Not named: the launch default.
+        EXPECT_EQ(4000u, cost_of([&] {
+                    return cuLaunchCooperativeKernel(k, 1, 1, 1, 1, 1, 1, 0, s, nullptr);
+                  }));
+        EXPECT_CU(cuStreamSynchronize(s));
+        EXPECT_CU(cuStreamDestroy_v2(s));
+      });
+}
+
+// A later item wins over an earlier one for the entry points both name.
+TEST(SimCallCost, LaterItemWins) {
+  run_isolated(
+      {{"SIMCUDA_VMM_NS", "3000"}, {"SIMCUDA_CALL_NS", "cuMemCreate:1ms,cuMemCreate:9000"}}, [] {
+        init_primary();
+        const size_t g = granularity();
+        const CUmemAllocationProp prop = device_prop();
+        CUmemGenericAllocationHandle h = 0;
+        EXPECT_EQ(9000u, cost_of([&] { return cuMemCreate(&h, g, &prop, 0); }));
+        EXPECT_EQ(3000u, cost_of([&] { return cuMemRelease(h); }));
+      });
+}
+
+TEST(SimCallCost, RefusesUnknownEntryPoint) {
+  expect_refused({{"SIMCUDA_CALL_NS", "cuMemMap:20us,cuMemMapp:20us"}}, "SIMCUDA_CALL_NS",
+                 "cuMemMap:20us,cuMemMapp:20us");
+  // A table base name that is not the base of its export
+  // (cuGraphInstantiate -> cuGraphInstantiateWithFlags) would match nothing.
+  expect_refused({{"SIMCUDA_CALL_NS", "cuGraphInstantiate:1000"}}, "SIMCUDA_CALL_NS",
+                 "cuGraphInstantiate:1000");
+}
+
+TEST(SimCallCost, RefusesBadValues) {
+  expect_refused({{"SIMCUDA_CALL_NS", "cuMemMap:20parsecs"}}, "SIMCUDA_CALL_NS",
+                 "cuMemMap:20parsecs");
+  expect_refused({{"SIMCUDA_CALL_NS", "cuMemMap"}}, "SIMCUDA_CALL_NS", "cuMemMap");
+  expect_refused({{"SIMCUDA_CALL_NS", "cuMemMap:-5"}}, "SIMCUDA_CALL_NS", "cuMemMap:-5");
+  expect_refused({{"SIMCUDA_CALL_NS", "cuMemMap:1us,"}}, "SIMCUDA_CALL_NS", "cuMemMap:1us,");
+  expect_refused({{"SIMCUDA_VMM_NS", "fast"}}, "SIMCUDA_VMM_NS", "fast");
+  expect_refused({{"SIMCUDA_VMM_NS", "2s"}}, "SIMCUDA_VMM_NS", "2s");
+}
