@@ -1,8 +1,9 @@
 // The virtual clock. Each host thread has its own virtual time, advanced by
-// the fixed cost of every driver call and by waits on device work. Device
-// work is placed on its engine's timeline when it is enqueued, so simulated
-// times are deterministic for a given sequence of calls, whatever the real
-// threads do (jitter changes real timing only).
+// the host cost of every driver call (config.h), by waits on device work and
+// by handing physical memory between threads (cuMemUnmap / cuMemMap,
+// memory.h). Device work is placed on its engine's timeline when it is
+// enqueued, so simulated times are deterministic for a given sequence of
+// calls, whatever the real threads do (jitter changes real timing only).
 #pragma once
 
 #include <cstdint>

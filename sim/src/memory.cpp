@@ -32,6 +32,10 @@ struct Physical {
   CUmemAllocationProp prop{};
   int mappings = 0;
   bool released = false;
+  // Virtual time of its latest cuMemUnmap: the unmapping thread's clock once
+  // that unmap has waited for the mapping's work (docs/sim.md, "Handing
+  // physical memory between threads"). cuMemMap of it starts no earlier.
+  uint64_t unmapped_at = 0;
 };
 
 struct Mapping {
@@ -40,6 +44,9 @@ struct Mapping {
   std::shared_ptr<Physical> phys;
   unsigned long long access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   uint64_t serial = 0;  // new at every map and access change (mapping_signature)
+  // Virtual end of the latest op (copy, memset, kernel) that used this
+  // mapping and has really completed; cuMemUnmap starts no earlier.
+  uint64_t last_use_end = 0;
 };
 
 struct Reservation {
@@ -515,6 +522,10 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   mp.phys = p;
   mp.serial = m.next_mapping++;
   p->mappings++;
+  // The memory was given up at p->unmapped_at (virtual time of the thread
+  // that unmapped it); nobody can map it before then (docs/sim.md, "Handing
+  // physical memory between threads").
+  clock::advance_to(p->unmapped_at);
   return CUDA_SUCCESS;
 }
 
@@ -532,14 +543,45 @@ CUresult unmap(CUdeviceptr ptr, size_t size) {
     return refuse(CUDA_ERROR_NOT_PERMITTED,
                   "cuMemUnmap: [%#llx, +%zu) is used by pending work (%s); wait for it first", ptr,
                   size, user.c_str());
+  // No work on the range is pending, so every op that used these mappings
+  // has completed and noted its end (note_completed_use). The caller cannot
+  // give the memory up before that end in virtual time, even if it learnt of
+  // the completion from another thread; and whoever maps the memory next
+  // starts no earlier than this unmap (docs/sim.md, "Handing physical memory
+  // between threads").
+  uint64_t last_use = 0;
+  for (const Mapping* mp : maps) last_use = std::max(last_use, mp->last_use_end);
+  clock::advance_to(last_use);
+  const uint64_t now = clock::now();
   for (Mapping* mp : maps) {
     map_fixed_none(mp->va, mp->size);
     auto p = mp->phys;
     p->mappings--;
+    p->unmapped_at = std::max(p->unmapped_at, now);
     r->maps.erase(mp->va);
     maybe_free(m, p);
   }
   return CUDA_SUCCESS;
+}
+
+void note_completed_use(const std::vector<Range>& touched, uint64_t vend) {
+  Memory& m = M();
+  std::lock_guard lk(m.mu);
+  for (const Range& t : touched) {
+    auto it = m.reservations.upper_bound(t.lo);
+    if (it != m.reservations.begin()) --it;
+    for (; it != m.reservations.end() && it->second.base < t.hi; ++it) {
+      Reservation& r = it->second;
+      if (r.base + r.size <= t.lo) continue;
+      auto mi = r.maps.upper_bound(t.lo);
+      if (mi != r.maps.begin()) --mi;
+      for (; mi != r.maps.end() && mi->first < t.hi; ++mi) {
+        Mapping& mp = mi->second;
+        if (mp.va + mp.size <= t.lo) continue;
+        mp.last_use_end = std::max(mp.last_use_end, vend);
+      }
+    }
+  }
 }
 
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {

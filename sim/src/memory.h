@@ -26,12 +26,23 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
 CUresult release(CUmemGenericAllocationHandle handle);
 CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
              unsigned long long flags);
+// cuMemUnmap also moves the caller's clock to the end of the latest op that
+// used the mappings (note_completed_use) and stamps each physical
+// allocation with the caller's clock after that; cuMemMap moves the caller's
+// clock to the allocation's stamp. On hardware one timeline orders the
+// threads that hand memory over; here each thread has its own clock, so the
+// handover is made explicit at the memory (docs/sim.md).
 CUresult unmap(CUdeviceptr ptr, size_t size);
 CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count);
 CUresult get_access(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr);
 CUresult granularity(size_t* out, const CUmemAllocationProp* prop,
                      CUmemAllocationGranularity_flags option);
 CUresult properties_from_handle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle);
+
+// A stream worker, when an op that touched `touched` has really completed
+// (before it leaves the pending list, so cuMemUnmap sees either the op
+// pending or its end noted): the mappings in those ranges remember `vend`.
+void note_completed_use(const std::vector<Range>& touched, uint64_t vend);
 
 // A value that changes whenever a mapping overlapping [lo, hi) is made,
 // removed, or has its access changed (simcuda.h), read under the lock that

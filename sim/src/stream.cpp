@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "device_access.h"
+#include "memory.h"
 
 namespace sim::stream {
 namespace {
@@ -14,6 +15,9 @@ namespace {
 thread_local bool t_in_host_fn = false;
 
 void mark_done(State& st, const std::shared_ptr<Op>& op) {
+  // Before the op leaves the pending list: a cuMemUnmap of its memory then
+  // either finds it pending (refused) or finds its end noted.
+  if (!op->touched.empty()) mem::note_completed_use(op->touched, op->vend);
   {
     std::lock_guard lk(st.pending_mu);
     auto it = std::find(st.pending.begin(), st.pending.end(), op);
