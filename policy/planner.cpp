@@ -33,7 +33,10 @@
 //    nominal start, so the host need not wait for it: stall before Belady) or
 //    plain Belady; windows at the solo rate, the bidirectional rate, or none
 //    (return at the use: fewer bytes, more stall).
-// 2. Prefetch placement. The copies back share one H2D engine: placed as late
+// 2. Pruning, then prefetch placement. Each move the cap does not need (the
+//    resident bytes over its gap stay within the cap with the block in) is
+//    dropped, largest first: the sweep evicts before it knows what later
+//    launches evict. The copies back share one H2D engine: placed as late
 //    as possible in order of their deadlines (each must start by its use's
 //    nominal start less its copy, and by the start of the copy after it), each
 //    gives a desired launch, the latest whose nominal start is no later than
@@ -84,6 +87,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <queue>
 #include <utility>
 
@@ -696,17 +700,41 @@ void Planner::place(std::vector<Draft>& drafts, std::vector<int64_t>& desired) {
   add(0, L, static_cast<int64_t>(P.m.pinned_bytes));
   for (uint32_t b = 0; b < P.m.blocks.size(); ++b)
     if (P.live[b]) add(P.begin[b], P.end[b], static_cast<int64_t>(P.bytes(b)));
-  std::vector<size_t> fetch;
-  for (size_t k = 0; k < drafts.size(); ++k) {
-    const Draft& d = drafts[k];
-    const int64_t v = static_cast<int64_t>(P.bytes(d.block));
-    add(int64_t{d.e} + 1, d.dead() ? int64_t{P.end[d.block]} : d.p, -v);
-    if (!d.dead()) fetch.push_back(k);
-  }
+  auto back = [&](const Draft& d) { return d.dead() ? int64_t{P.end[d.block]} : d.p; };
+  for (const Draft& d : drafts)
+    add(int64_t{d.e} + 1, back(d), -static_cast<int64_t>(P.bytes(d.block)));
   std::vector<int64_t> level(L);
   int64_t run = 0;
   for (uint32_t i = 0; i < L; ++i) level[i] = run += diff[i];
   Residency res(level);
+  const int64_t limit = static_cast<int64_t>(P.cap);
+
+  // Moves the cap does not need, largest first: the sweep evicts before it
+  // knows what later launches evict (a carried block's wrapped gap taken in
+  // the step's tail is out at its start too), and a victim can be larger
+  // than the excess.
+  std::vector<size_t> order(drafts.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    const Draft &a = drafts[x], &b = drafts[y];
+    if (P.bytes(a.block) != P.bytes(b.block)) return P.bytes(a.block) > P.bytes(b.block);
+    return a.block != b.block ? a.block < b.block : a.e < b.e;
+  });
+  std::vector<uint8_t> keep(drafts.size(), 1);
+  for (size_t k : order) {
+    const Draft& d = drafts[k];
+    const int64_t v = static_cast<int64_t>(P.bytes(d.block));
+    if (res.last_over(int64_t{d.e} + 1, back(d), limit - v) != kNone) continue;
+    res.add(int64_t{d.e} + 1, back(d), v);
+    keep[k] = 0;
+  }
+  size_t kept = 0;
+  for (size_t k = 0; k < drafts.size(); ++k)
+    if (keep[k]) drafts[kept++] = drafts[k];
+  drafts.resize(kept);
+  std::vector<size_t> fetch;
+  for (size_t k = 0; k < drafts.size(); ++k)
+    if (!drafts[k].dead()) fetch.push_back(k);
 
   // As late as possible on the H2D engine, latest deadline first.
   std::sort(fetch.begin(), fetch.end(), [&](size_t x, size_t y) {
@@ -728,7 +756,6 @@ void Planner::place(std::vector<Draft>& drafts, std::vector<int64_t>& desired) {
                 P.first(d.block))] = w;
   }
   std::reverse(fetch.begin(), fetch.end());  // earliest use first
-  const int64_t limit = static_cast<int64_t>(P.cap);
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t k : fetch) {
       Draft& d = drafts[k];

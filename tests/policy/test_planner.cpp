@@ -328,6 +328,24 @@ TEST(Planner, ACarriedBlockOutAtTheStepsStartIsOutInItsTailToo) {
   EXPECT_EQ(100u, r[9]);
 }
 
+// At launch 2 the sweep finds X (next used at 5) the furthest of those in
+// and evicts it; only at 6..8 does it evict O (next used at 4 of the next
+// step), which is then out at the step's start too. X's move is no longer
+// needed and is dropped.
+TEST(Planner, AMoveTheCapDoesNotNeedIsDropped) {
+  StepModel m = steps(std::vector<uint64_t>(10, 100));
+  m.blocks = {carried(7, 100, {4}), block(1, 100, 0, 10, {0, 5, 9}), block(2, 100, 2, 3, {2}),
+              block(3, 100, 6, 9, {6, 7, 8})};
+  const Plan p = plan_step(m, options(200));
+  ASSERT_EQ(1u, p.moves.size());
+  EXPECT_EQ(7u, p.moves[0].block);
+  EXPECT_EQ(4u, p.moves[0].evict_after);
+  EXPECT_EQ(14u, p.moves[0].next_use);
+  EXPECT_GE(p.moves[0].prefetch_at, 13u) << "out at launch 2";
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(0u, p.stall_ns);
+}
+
 // A carried block used early in the step (launches 1 and 2) and idle at
 // 5..7, where a temporary needs its room: out after 2, and its prefetch is
 // issued in the step's tail (9: a copy's time before the next step's launch
