@@ -1,0 +1,113 @@
+// The step planner (issue 12 item 3): from one training step, as launches
+// and the large blocks they use, and the budget, it decides after which
+// launch each block is evicted and at which launch its prefetch is issued so
+// that it is back before its next use, keeping the predicted resident bytes
+// within the budget less the headroom at every launch, minimizing first the
+// stall and then the bytes moved. It also predicts what its plan costs: the
+// step's time with the copies it queues, on one compute engine and one copy
+// engine per direction (the simulator's rules, docs/sim.md).
+//
+// Pure: no CUDA, no threads, no clock, no I/O; the same model gives the same
+// plan. The allocator's mover carries a plan out keyed on the launch count;
+// the replayer gives it a trace's exact future to compute the ideal.
+//
+// Launch indices count from the step's start: launch i is the i-th launch
+// (kernel, copy or set) of the step, 0 <= i < L where L = launch_ns.size().
+// The step repeats: a block live across steps (`carried`) is used again at
+// its first use in the next step, so its gap from its last use to that one
+// wraps the step's end. An index i >= L in a plan means launch i - L of the
+// next step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace spillway::policy {
+
+struct StepModel {
+  // The duration of each launch (ns), in order: measured (CUPTI activity
+  // records on a GPU, the simulator's clock here) or a trace's.
+  std::vector<uint64_t> launch_ns;
+  // Host time to issue one launch (ns): a step is never shorter than L times
+  // this (a job whose kernels are shorter than its launches is host-bound).
+  uint64_t launch_host_ns = 0;
+  // Device bytes that never move (small blocks, pooled chunks): they count
+  // against the budget at every launch.
+  uint64_t pinned_bytes = 0;
+
+  static constexpr uint32_t kLive = UINT32_MAX;
+  struct Block {
+    uint64_t id = 0;     // the caller's name for it; Move::block (unique in the model)
+    uint64_t bytes = 0;  // device bytes it holds (a granule multiple)
+    // Live for launches [alloc, free): allocated before launch `alloc`,
+    // freed before launch `free`. A carried block has alloc 0 and free kLive
+    // (it is taken as live all step, whatever they say); a step's block with
+    // free >= L is taken as freed at the step's end.
+    uint32_t alloc = 0;
+    uint32_t free = kLive;
+    bool carried = false;  // lives across steps: its uses repeat every step
+    // Launch indices, ascending, each in [alloc, free) (others are ignored).
+    // The block must be resident at each, and at `alloc` (allocating takes
+    // the memory); a carried block with no use is never moved.
+    std::vector<uint32_t> uses;
+  };
+  std::vector<Block> blocks;
+};
+
+struct PlanOptions {
+  uint64_t budget = 0;    // device bytes for the blocks and pinned_bytes
+  uint64_t headroom = 0;  // kept free at every launch
+  // Link rates in bytes per ns (1 GB/s = 1 byte/ns): each direction alone,
+  // and each direction while the other is busy (docs/sim.md's defaults).
+  double d2h_bytes_per_ns = 55, h2d_bytes_per_ns = 55, bidir_bytes_per_ns = 45;
+};
+
+struct Move {
+  static constexpr uint32_t kNever = UINT32_MAX;
+  uint64_t block = 0;
+  // Copy it out once launch `evict_after` (its last use before the gap, or
+  // its allocation) is queued; its device memory is free once that copy is
+  // done. A carried block's wrapped gap is named by its last use in the step.
+  uint32_t evict_after = 0;
+  // Issue the copy back when launch `prefetch_at` is reached (its device
+  // memory is taken then), so that it lands before launch `next_use`.
+  // kNever for both: freed before it is used again (dead data), never copied
+  // back. Indices >= L are in the next step (carried blocks).
+  uint32_t prefetch_at = kNever;
+  uint32_t next_use = kNever;
+};
+
+struct Plan {
+  std::vector<Move> moves;  // ordered by evict_after, then block
+  // Predicted, by replaying the step with the plan's copies on the engines:
+  // Steps replayed back to back, the last reported (so a step pays for the
+  // copies the one before queued), each launch's figures taken when the host
+  // issues it.
+  bool fits = false;        // resident bytes <= budget - headroom at every launch
+  uint64_t peak_bytes = 0;  // the most resident at any launch
+  // The step's time, stalls included: from the end of the step before's last
+  // launch to the end of its own (steady state: no synchronisation between
+  // steps).
+  uint64_t step_ns = 0;
+  // Of which launches waited for copies (or memory): step_ns less the same
+  // replay's without any copy.
+  uint64_t stall_ns = 0;
+  uint64_t bytes_out = 0;  // device-to-host bytes per step
+  uint64_t bytes_in = 0;   // host-to-device bytes per step
+};
+
+// The plan for the model's next step.
+Plan plan_step(const StepModel& m, const PlanOptions& o);
+
+// What a plan costs when carried out on `m` (the planner's own prediction;
+// exposed so that a test, or the replayer, can cost a plan it changed).
+// Moves it cannot carry out are left out of the plan it returns, and of its
+// figures: an unknown block; an evict_after where the block is not live (or,
+// carried, before its first use); a next_use that is not the block's first
+// use after evict_after (a carried block's first use + L past its last);
+// prefetch_at outside (evict_after, next_use]; kNever for a block used again;
+// a move starting inside the gap of another.
+Plan predict(const StepModel& m, const PlanOptions& o, std::vector<Move> moves);
+
+}  // namespace spillway::policy
