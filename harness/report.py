@@ -181,8 +181,23 @@ def integrity(row: dict) -> str:
 
 
 TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
-              "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms |\n"
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+              "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms "
+              "| ideal last step ms | spillway / ideal (time, bytes) |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+              "| --- | --- |\n")
+
+
+def versus_ideal(row: dict) -> str:
+    """The last step over the ideal's, and the bytes moved over the ideal's
+    (harness/README.md: the planner given the trace's exact future)."""
+    last, ideal = last_step_ns(row), row.get("ideal_step_time_ns")
+    moved = row.get("bytes_device_to_host", 0) + row.get("bytes_host_to_device", 0)
+    least = row.get("min_bytes_moved")
+    if not last or not ideal:
+        return "-"
+    t = f"{last / ideal:.2f}x"
+    b = f"{moved / least:.2f}x" if least else ("1.00x" if moved == 0 else "-")
+    return f"{t}, {b}"
 
 
 def last_step_ns(row: dict) -> int | None:
@@ -208,7 +223,8 @@ def table(rows: list[dict]) -> str:
             f"| {fmt_mib(r['peak_device_bytes'])} / {fmt_mib(r['budget_bytes'])} "
             f"| {fmt_mib(r['bytes_device_to_host'])} / {fmt_mib(r['bytes_host_to_device'])} "
             f"| {step} | {fmt_ms(last_step_ns(r))} | {'-' if ov is None else f'{ov:+.0f}%'} "
-            f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} |\n")
+            f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} "
+            f"| {fmt_ms(r.get('ideal_step_time_ns'))} | {versus_ideal(r)} |\n")
     return "".join(out)
 
 
@@ -225,8 +241,12 @@ parentheses when the run stopped at an OOM (median of the steps that ran).
 once spillway's policy has learned the step (with 2 steps, the median is the
 slower, first one).
 *overhead*: median step over the baseline's (strategy none, no memory limit)
-median step. *lower bound*: design.md section 9, median over steps. *stall*:
-sum over steps of the time above the baseline's same step.
+median step. *lower bound*: design.md section 9, median over steps, never
+below the baseline's same step. *stall*: sum over steps of the time above
+the baseline's same step. *ideal*: the step planner (`policy/planner.h`)
+given the trace's exact future: the baseline's last step plus the stall its
+plan is predicted to cost; *spillway / ideal*: the last step over the
+ideal's, and all bytes moved over the ideal plan's (`min_bytes_moved`).
 """
 
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "ideal.h"
 #include "replay.h"
 
 extern char** environ;
@@ -243,13 +244,21 @@ double env_gbps(const char* name, double dflt) {
   return v && *v ? std::strtod(v, nullptr) : dflt;
 }
 
+uint64_t env_u64(const char* name, uint64_t dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
+}
+
 // design.md section 9, per step: max(compute, out / BW_d2h) for the forward
 // plus max(compute, in / BW_h2d) for the backward plus the rest of the step's
 // compute, where out = in = the bytes the budget forces off the GPU: the
 // step's peak of live requested bytes minus the budget (requested sizes,
 // before any rounding, so this stays a bound). Without phase markers:
-// max(compute, out / BW_d2h + in / BW_h2d). The median over steps.
-uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget) {
+// max(compute, out / BW_d2h + in / BW_h2d). Never below the step's measured
+// baseline: moving memory cannot make a step faster than the same step with
+// no memory limit (the formula alone, built from kernel durations, ignores
+// the host's launch costs and fell below it). The median over steps.
+uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget, const Baseline& base) {
   const double d2h = env_gbps("SIMCUDA_D2H_GBPS", 55), h2d = env_gbps("SIMCUDA_H2D_GBPS", 55);
   std::vector<uint64_t> lb;
   for (uint64_t s = 0; s < steps && s < a.compute_ns.size(); ++s) {
@@ -264,7 +273,8 @@ uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget) {
     } else {
       t = std::max(static_cast<double>(c[0] + c[1] + c[2] + c[3]), out + in);
     }
-    lb.push_back(static_cast<uint64_t>(t));
+    const uint64_t b = s < base.step_ns.size() ? base.step_ns[s] : base.median_step_ns;
+    lb.push_back(std::max(static_cast<uint64_t>(t), b));
   }
   if (lb.empty()) return 0;
   std::sort(lb.begin(), lb.end());
@@ -397,6 +407,35 @@ int main(int argc, char** argv) {
     if (e.step_times()[i] > b) stall += e.step_times()[i] - b;
   }
 
+  // The ideal (ideal.h): per step, the measured baseline plus the stall the
+  // planner predicts for its plan given the step's exact future (its
+  // prediction less its own prediction of the step with nothing moved), and
+  // the bytes that plan moves.
+  std::vector<uint64_t> ideal_ns;
+  uint64_t ideal_bytes = 0;
+  bool ideal_fits = true;
+  if (!o.baseline_child && budget) {
+    ModelRules rules;
+    rules.launch_host_ns = env_u64("SIMCUDA_LAUNCH_NS", rules.launch_host_ns);
+    spillway::policy::PlanOptions po;
+    po.budget = budget;
+    po.d2h_bytes_per_ns = env_gbps("SIMCUDA_D2H_GBPS", 55);
+    po.h2d_bytes_per_ns = env_gbps("SIMCUDA_H2D_GBPS", 55);
+    po.bidir_bytes_per_ns = env_gbps("SIMCUDA_BIDIR_GBPS", 45);
+    for (uint64_t s = 0; s < a.steps; ++s) {
+      const Ideal id = ideal(a, s, rules, po);
+      if (!id.valid) continue;
+      const uint64_t b = s < base.step_ns.size() ? base.step_ns[s] : base.median_step_ns;
+      const uint64_t extra = id.plan.step_ns > id.unconstrained.step_ns
+                                 ? id.plan.step_ns - id.unconstrained.step_ns
+                                 : 0;
+      ideal_ns.push_back(b + extra);
+      ideal_bytes += id.plan.bytes_out + id.plan.bytes_in;
+      ideal_fits = ideal_fits && id.plan.fits;
+    }
+  }
+  const uint64_t lower_bound = lower_bound_ns(a, a.steps, budget, base);
+
   std::ostringstream j;
   j << "{\n  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
   j << "  \"trace\": \"" << json_escape(o.trace) << "\",\n";
@@ -430,7 +469,15 @@ int main(int argc, char** argv) {
   j << "  \"sim_step_time_ns\": " << median << ",\n";
   j << "  \"sim_baseline_step_time_ns\": " << (o.baseline_child ? median : base.median_step_ns)
     << ",\n";
-  j << "  \"sim_lower_bound_step_time_ns\": " << lower_bound_ns(a, a.steps, budget) << ",\n";
+  j << "  \"sim_lower_bound_step_time_ns\": " << lower_bound << ",\n";
+  if (!ideal_ns.empty()) {
+    j << "  \"ideal_step_times_ns\": [";
+    for (size_t i = 0; i < ideal_ns.size(); ++i) j << (i ? "," : "") << ideal_ns[i];
+    j << "],\n";
+    j << "  \"ideal_step_time_ns\": " << ideal_ns.back() << ",\n";
+    j << "  \"min_bytes_moved\": " << ideal_bytes << ",\n";
+    j << "  \"ideal_fits\": " << (ideal_fits ? "true" : "false") << ",\n";
+  }
   j << "  \"stall_ns\": " << stall << ",\n";
   j << "  \"step_times_ns\": [";
   for (size_t i = 0; i < e.step_times().size(); ++i) j << (i ? "," : "") << e.step_times()[i];
@@ -460,8 +507,14 @@ int main(int argc, char** argv) {
         static_cast<double>(unconstrained) / (1 << 20), static_cast<double>(d2h) / (1 << 20),
         static_cast<double>(h2d) / (1 << 20), static_cast<double>(median) / 1e6,
         static_cast<double>(o.baseline_child ? median : base.median_step_ns) / 1e6,
-        static_cast<double>(lower_bound_ns(a, a.steps, budget)) / 1e6,
-        static_cast<double>(stall) / 1e6);
+        static_cast<double>(lower_bound) / 1e6, static_cast<double>(stall) / 1e6);
+    if (!ideal_ns.empty() && !e.step_times().empty())
+      std::printf(
+          "  ideal (the planner given the trace's exact future): last step %.3f ms, %.1f MiB "
+          "moved in all; spillway/ideal: time %.2fx, bytes %.2fx\n",
+          static_cast<double>(ideal_ns.back()) / 1e6, static_cast<double>(ideal_bytes) / (1 << 20),
+          static_cast<double>(e.step_times().back()) / static_cast<double>(ideal_ns.back()),
+          ideal_bytes ? static_cast<double>(d2h + h2d) / static_cast<double>(ideal_bytes) : 0.0);
     if (!integrity_ok && !o.no_data) {
       const std::string m = e.integrity().first_mismatch();
       std::printf("  first mismatch: %s\n", m.empty() ? e.error().c_str() : m.c_str());

@@ -47,11 +47,19 @@ TEST_P(CommittedTrace, CompletesWithinTheBudgetAndKeepsEveryByte) {
     EXPECT_TRUE(r.flag("integrity_ok")) << r.json;
     EXPECT_GT(r.num("bytes_checked"), 0);
   }
+  // The lower bound is never below the baseline (moving memory cannot make
+  // a step faster), and the ideal (the planner given the exact future) fits
+  // the budget, costs nothing at 100% and something below it.
+  EXPECT_GE(r.num("sim_lower_bound_step_time_ns"), r.num("sim_baseline_step_time_ns")) << r.json;
+  EXPECT_TRUE(r.flag("ideal_fits")) << r.json;
+  EXPECT_NE(r.raw("ideal_step_times_ns").find('['), std::string::npos) << r.json;
   if (pct == 100) {
     EXPECT_EQ(r.num("bytes_device_to_host"), 0) << r.json;
     EXPECT_EQ(r.num("bytes_host_to_device"), 0) << r.json;
+    EXPECT_EQ(r.num("min_bytes_moved"), 0) << r.json;
   } else {
     EXPECT_GT(r.num("bytes_device_to_host"), 0) << r.json;
+    EXPECT_GT(r.num("min_bytes_moved"), 0) << r.json;
   }
 }
 
