@@ -6,15 +6,18 @@
 namespace spillway::policy {
 
 void ScheduleChooser::on_alloc(uint64_t id) {
-  live_[id] = {Key{}, false, last_launch_, nullptr};
+  live_[id] = {Key{}, false, last_launch_, nullptr, 0, now(), true};
 }
 
 void ScheduleChooser::on_free(uint64_t id) {
   auto it = live_.find(id);
   if (it == live_.end()) return;
-  // A block known by its id has no successor once freed: its record would
-  // only mislead a later block at the same address.
-  if (it->second.keyed && it->second.key.carried) cur_.erase(it->second.key);
+  // Its record keeps where its memory was given back (the planner's model);
+  // one known by its id has no successor, and a block made later at the
+  // same address is keyed by its first use until a step ends with it live,
+  // which replaces this record.
+  Tracked& l = it->second;
+  if (l.keyed && recording_ && l.bytes) record_of(l).free = now();
   live_.erase(it);
 }
 
@@ -32,7 +35,8 @@ void ScheduleChooser::on_access(const Use& a) {
   const uint32_t at = since_start(launch);
   auto it = live_.find(a.block);
   if (it == live_.end())  // not seen allocated (made before this chooser)
-    it = live_.emplace(a.block, Tracked{Key{true, a.block}, true, launch, nullptr}).first;
+    it = live_.emplace(a.block, Tracked{Key{true, a.block}, true, launch, nullptr, 0, 0, false})
+             .first;
   Tracked& l = it->second;
   if (!l.keyed) {
     // Its first use: the launch's index in the step and the block's place in
@@ -41,17 +45,27 @@ void ScheduleChooser::on_access(const Use& a) {
     l.keyed = true;
   }
   l.last_launch = launch;
+  l.bytes = std::max<uint64_t>(l.bytes, a.bytes);
   record(l, at);
+}
+
+ScheduleChooser::Record& ScheduleChooser::record_of(Tracked& l) {
+  if (!l.uses) {
+    auto [it, added] = cur_.try_emplace(l.key);
+    l.uses = &it->second;  // stable: node-based map, until cur_ is replaced
+    if (added) {
+      recorded_ += kKeyUnits;
+      it->second.made = l.made;
+      it->second.alloc = l.made ? l.alloc_at : 0;
+    }
+  }
+  l.uses->bytes = std::max(l.uses->bytes, l.bytes);
+  return *l.uses;
 }
 
 void ScheduleChooser::record(Tracked& l, uint32_t at) {
   if (!recording_) return;
-  if (!l.uses) {
-    auto [it, added] = cur_.try_emplace(l.key);
-    l.uses = &it->second;  // stable: node-based map, until cur_ is replaced
-    recorded_ += added ? kKeyUnits : 0;
-  }
-  std::vector<uint32_t>& uses = *l.uses;
+  std::vector<uint32_t>& uses = record_of(l).uses;
   if (!uses.empty() && uses.back() >= at) return;
   uses.push_back(at);
   if (++recorded_ > max_units_) {
@@ -65,10 +79,16 @@ void ScheduleChooser::on_step(uint64_t end) {
   // its id. Their uses in the step are copied to that key; the first-use
   // entry stays, for the next step's block made at the same point.
   for (auto& [id, l] : live_) {
-    std::vector<uint32_t>* uses = std::exchange(l.uses, nullptr);  // cur_ is replaced below
+    // A block live through the whole step without a use still held memory.
+    if (recording_ && l.keyed && l.key.carried && !l.uses && l.bytes) record_of(l);
+    Record* rec = std::exchange(l.uses, nullptr);  // cur_ is replaced below
+    l.made = false;
     if (l.keyed && l.key.carried) continue;
     const Key carried{true, id};
-    if (uses && recording_) cur_.insert_or_assign(carried, *uses);
+    if (rec && recording_)
+      cur_.insert_or_assign(carried, *rec);
+    else if (recording_)
+      cur_.erase(carried);  // a block freed at this address: not this one's predecessor
     l.key = carried;
     l.keyed = true;
   }
@@ -85,7 +105,42 @@ void ScheduleChooser::on_step(uint64_t end) {
 
 const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) const {
   auto it = prev_.find(k);
-  return it == prev_.end() || it->second.empty() ? nullptr : &it->second;
+  return it == prev_.end() || it->second.uses.empty() ? nullptr : &it->second.uses;
+}
+
+uint64_t ScheduleChooser::model_id(uint64_t id) const {
+  auto it = live_.find(id);
+  return it == live_.end() || !it->second.keyed ? 0 : model_id(it->second.key);
+}
+
+StepModel ScheduleChooser::learned_step(uint64_t granule) const {
+  StepModel m;
+  if (!have_prev_) return m;
+  const uint32_t n = prev_len_;
+  m.launch_ns.assign(n, 0);
+  for (const auto& [key, rec] : prev_) {
+    // A block made in the step and live at its end is also recorded under
+    // its id (on_step): that record stands for it.
+    if (!key.carried && rec.free == StepModel::kLive) continue;
+    if (rec.bytes == 0) continue;
+    StepModel::Block b;
+    b.id = model_id(key);
+    b.bytes = granule ? (rec.bytes + granule - 1) / granule * granule : rec.bytes;
+    b.alloc = rec.made ? std::min(rec.alloc, n) : 0;
+    b.free = rec.free == StepModel::kLive ? StepModel::kLive : std::min(rec.free, n);
+    if (b.free != StepModel::kLive && b.free <= b.alloc) continue;  // no launch saw it live
+    b.carried = !rec.made && rec.free == StepModel::kLive;
+    for (uint32_t u : rec.uses) {
+      const uint32_t at = u - 1;  // from 0
+      if (at >= b.alloc && at < std::min(b.free, n)) b.uses.push_back(at);
+    }
+    m.blocks.push_back(std::move(b));
+  }
+  // One order whatever the hash map's: the planner is deterministic for a
+  // given model.
+  std::sort(m.blocks.begin(), m.blocks.end(),
+            [](const StepModel::Block& x, const StepModel::Block& y) { return x.id < y.id; });
+  return m;
 }
 
 uint64_t ScheduleChooser::next_use(uint64_t id) const {

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "planner.h"
 #include "victims.h"
 
 namespace spillway::policy {
@@ -48,6 +49,19 @@ class ScheduleChooser final : public VictimChooser {
   static constexpr uint64_t kUnknown = UINT64_MAX - 1;
   uint64_t next_use(uint64_t id) const;
   bool learned() const { return have_prev_; }
+
+  // The step just ended as the planner's model (planner.h), for the next
+  // step: each block once, its size (the largest requested, rounded up to
+  // `granule`), its live range and uses by launch index from 0. Blocks live
+  // throughout it are `carried`. Launch durations are not known here: every
+  // launch_ns is 0 for the caller to fill. Empty before a step was learned.
+  // Approximations: launches that touched no large block are counted but an
+  // allocation or free between them is placed at the last one that did, and
+  // a block freed without a use in its step is left out.
+  StepModel learned_step(uint64_t granule) const;
+  // The name a live block's Move::block has in learned_step's model (its
+  // predecessor's), or 0 if it has none yet (not used yet in this step).
+  uint64_t model_id(uint64_t id) const;
   size_t recorded() const { return recording_ ? recorded_ : 0; }  // units, this step
 
  private:
@@ -60,8 +74,18 @@ class ScheduleChooser final : public VictimChooser {
   struct KeyHash {
     size_t operator()(const Key& k) const { return k.number * 0x9E3779B97F4A7C15ull ^ k.carried; }
   };
-  // One step's launch indices of every block's uses, in order.
-  using Uses = std::unordered_map<Key, std::vector<uint32_t>, KeyHash>;
+  // One step's record of a block: the launch indices of its uses, in order
+  // (from 1: launch numbers count from the step's start), its size and live
+  // range (kLive: live at the step's end).
+  struct Record {
+    std::vector<uint32_t> uses;
+    uint64_t bytes = 0;
+    uint32_t alloc = 0;  // launches seen before its allocation (made in the step)
+    uint32_t free = StepModel::kLive;
+    bool made = false;  // allocated in the step (else live from before it)
+  };
+  using Uses = std::unordered_map<Key, Record, KeyHash>;
+  static uint64_t model_id(const Key& k) { return k.carried ? k.number : k.number * 2 + 1; }
 
   // Launches since the step began (launch numbers count from its start).
   uint32_t since_start(uint64_t launch) const {
@@ -76,10 +100,14 @@ class ScheduleChooser final : public VictimChooser {
     uint64_t last_launch;  // its latest use (or its allocation)
     // Its record in cur_ once it has one this step (so a use costs one
     // lookup, not two); reset when cur_ is replaced.
-    std::vector<uint32_t>* uses;
+    Record* uses;
+    uint64_t bytes = 0;     // the largest use's size
+    uint32_t alloc_at = 0;  // launches seen in its step before its allocation
+    bool made = false;      // allocated in the current step
   };
   uint64_t next_use(const Tracked& l) const;
   void record(Tracked& l, uint32_t at);
+  Record& record_of(Tracked& l);
 
   std::unordered_map<uint64_t, Tracked> live_;  // by block id
   uint64_t cur_launch_ = 0;                     // the launch of the latest access

@@ -265,3 +265,67 @@ TEST(ScheduleChooser, ABlockAtTheAddressOfAFreedCarriedOneHasItsOwnRecord) {
   f.step();       // the new 5 carried, with its use at 3
   EXPECT_EQ(3u, c.next_use(5)) << "its own use at launch 3, not the freed block's at 1";
 }
+
+// The step just ended, as the planner's model (planner.h): every block once,
+// with its live range and uses by launch index from 0, sizes rounded to the
+// granule; launches that touch no large block still count.
+TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
+  using spillway::policy::StepModel;
+  constexpr uint64_t W = 0x10000, A = 0x20000, T = 0x30000;  // addresses: even
+  ScheduleChooser c;
+  Feeder f(c);
+  EXPECT_TRUE(c.learned_step(2 * kMiB).launch_ns.empty());  // nothing learned yet
+  c.on_alloc(W);                                            // a weight, made before any step
+  f.launch({W});
+  f.step();
+  c.on_alloc(A);     // an activation, made before the step's first launch
+  f.launch({W, A});  // 0
+  f.launch({});      // 1: no large block
+  f.launch({A});     // 2
+  c.on_alloc(T);     // a temporary, after launch 2
+  f.launch({T});     // 3
+  c.on_free(T);      // after launch 3
+  f.launch({A, W});  // 4
+  f.step();          // A stays live: it is carried into the next step
+  const StepModel m = c.learned_step(2 * kMiB);
+  ASSERT_EQ(5u, m.launch_ns.size());
+  ASSERT_EQ(3u, m.blocks.size());
+  auto find = [&](uint64_t id) -> const StepModel::Block* {
+    for (const auto& b : m.blocks)
+      if (b.id == id) return &b;
+    return nullptr;
+  };
+  const StepModel::Block* w = find(W);
+  ASSERT_NE(nullptr, w);
+  EXPECT_TRUE(w->carried);
+  EXPECT_EQ(0u, w->alloc);
+  EXPECT_EQ(StepModel::kLive, w->free);
+  EXPECT_EQ(std::vector<uint32_t>({0, 4}), w->uses);
+  EXPECT_EQ(2 * kMiB, w->bytes);        // 1 MiB used, a 2 MiB granule
+  const StepModel::Block* a = find(A);  // live at the step's end: by its id
+  ASSERT_NE(nullptr, a);
+  EXPECT_FALSE(a->carried);  // made in the step
+  EXPECT_EQ(0u, a->alloc);
+  EXPECT_EQ(StepModel::kLive, a->free);
+  EXPECT_EQ(std::vector<uint32_t>({0, 2, 4}), a->uses);
+  const StepModel::Block* t = nullptr;  // made and freed in the step: by its first use
+  for (const auto& b : m.blocks)
+    if (b.id != W && b.id != A) t = &b;
+  ASSERT_NE(nullptr, t);
+  EXPECT_EQ(1u, t->id % 2);
+  EXPECT_EQ(3u, t->alloc);
+  EXPECT_EQ(4u, t->free);
+  EXPECT_EQ(std::vector<uint32_t>({3}), t->uses);
+  EXPECT_EQ(W, c.model_id(W));
+  EXPECT_EQ(A, c.model_id(A));
+
+  // The planner takes it as it is: with durations and a budget that cannot
+  // hold W and A together at launch 2, one of them leaves between uses.
+  StepModel timed = m;
+  timed.launch_ns.assign(5, 1'000'000);  // 1 ms each
+  spillway::policy::PlanOptions o;
+  o.budget = 5 * kMiB;  // W, A and T need 6 MiB at launch 3
+  const spillway::policy::Plan p = spillway::policy::plan_step(timed, o);
+  EXPECT_TRUE(p.fits);
+  EXPECT_FALSE(p.moves.empty());
+}
