@@ -95,6 +95,15 @@ def test_report_table_and_plots(tiny, tmp_path):
     assert by["60%", "none"]["oom"]
     assert by["60%", "spillway"]["steps_completed"] == 3
     assert by["60%", "spillway"]["peak_device_bytes"] <= by["60%", "spillway"]["budget_bytes"]
+    # The ideal beside spillway's figures: nothing moves at 100%, some bytes
+    # must at 60%, and the table prints the ratios the row's numbers give.
+    full, tight = by["100%", "spillway"], by["60%", "spillway"]
+    assert full["min_bytes_moved"] == 0 and tight["min_bytes_moved"] > 0
+    assert tight["ideal_fits"] is True
+    want = report.versus_ideal(tight)
+    last, ideal = report.last_step_ns(tight), tight["ideal_step_time_ns"]
+    assert want.startswith(f"{last / ideal:.2f}x, ")
+    assert f"| {report.fmt_ms(ideal)} | {want} |" in md
     for png in ("memory_tiny_60.png", "overhead_tiny.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
