@@ -444,21 +444,21 @@ BENCHMARK(BM_Launch)
     ->ArgsProduct({{100, 10000}, {64, 512, 4096}})
     ->MinTime(0.5)
     ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->DisplayAggregatesOnly(true);
 BENCHMARK(BM_SimLaunch)
     ->ArgName("tracked")
     ->Arg(0)
     ->Arg(1)
     ->MinTime(0.5)
     ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
-BENCHMARK(BM_SimEventRecord)->MinTime(0.5)->Repetitions(5)->ReportAggregatesOnly(true);
+    ->DisplayAggregatesOnly(true);
+BENCHMARK(BM_SimEventRecord)->MinTime(0.5)->Repetitions(5)->DisplayAggregatesOnly(true);
 BENCHMARK(BM_LaunchOverBudget)
     ->ArgNames({"live_blocks", "param_bytes"})
     ->ArgsProduct({{100, 10000}, {64, 512, 4096}})
     ->MinTime(0.5)
     ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->DisplayAggregatesOnly(true);
 
 }  // namespace
 
