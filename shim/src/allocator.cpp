@@ -518,7 +518,7 @@ void Allocator::hold(const Touch* touches, size_t n) {
     moved |= use_large(b, nullptr, "restore of held block");
   };
   for (size_t i = 0; i < n; ++i)
-    table_.for_each_block(touches[i], use, [](Block*) {});  // small blocks are never evicted
+    table_.for_each_large(touches[i], use);  // small blocks are never evicted
   if (moved) notify_memory();
 }
 
@@ -539,14 +539,13 @@ void Allocator::after_use(CUstream stream, const Touch* touches, size_t n) {
     }
     if (m) streams_->set_mark(*b, stream, m);
   };
-  for (size_t i = 0; i < n; ++i) table_.for_each_block(touches[i], done, [](Block*) {});
+  for (size_t i = 0; i < n; ++i) table_.for_each_large(touches[i], done);
 }
 
 void Allocator::release(const Touch* touches, size_t n) {
   std::lock_guard lk(mu_);
   for (size_t i = 0; i < n; ++i)
-    table_.for_each_block(
-        touches[i], [](Block* b) { b->holds -= b->holds > 0 ? 1 : 0; }, [](Block*) {});
+    table_.for_each_large(touches[i], [](Block* b) { b->holds -= b->holds > 0 ? 1 : 0; });
 }
 
 CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consumer) {

@@ -47,6 +47,12 @@ class BlockTable {
   // live small block starting at its first byte.
   template <class Large, class Small>
   void for_each_block(const Touch& t, Large&& large, Small&& small) const;
+  // The large blocks alone, with no look-up of a small one (they are never
+  // held or moved): what a release at a launch's exit needs. Returns false
+  // if the range is in the arena and on no large block (it may start a
+  // small one).
+  template <class Large>
+  bool for_each_large(const Touch& t, Large&& large) const;
 
   // Lock-free, for the tracker's scan of every argument word.
   bool may_own(uintptr_t p) const {
@@ -74,15 +80,15 @@ class BlockTable {
   std::vector<Block*> spare_;
 };
 
-template <class Large, class Small>
-void BlockTable::for_each_block(const Touch& t, Large&& large, Small&& small) const {
+template <class Large>
+bool BlockTable::for_each_large(const Touch& t, Large&& large) const {
   if (!in_arena(t.lo)) {
     // Blocks outside the arena: every one the range overlaps.
     auto it = outside_.upper_bound(t.lo);
     if (it != outside_.begin()) --it;
     for (; it != outside_.end() && it->first < t.hi; ++it)
       if (it->first + it->second->cap > t.lo && it->second->live) large(it->second);
-    return;
+    return true;
   }
   // Large blocks: every block any granule of the range belongs to.
   const size_t first = (t.lo - arena_base_) / granule_;
@@ -96,8 +102,13 @@ void BlockTable::for_each_block(const Touch& t, Large&& large, Small&& small) co
     if (b->live) large(b);
     g = (b->ptr + b->cap - arena_base_) / granule_ - 1;  // skip to its end
   }
+  return any;
+}
+
+template <class Large, class Small>
+void BlockTable::for_each_block(const Touch& t, Large&& large, Small&& small) const {
   // Small blocks: known by their start address only.
-  if (!any)
+  if (!for_each_large(t, large))
     if (Block* b = live_at(t.lo)) small(b);
 }
 
