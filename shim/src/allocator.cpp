@@ -447,18 +447,18 @@ CUresult Allocator::restore(const void* ptr, CUstream stream) {
   std::lock_guard lk(mu_);
   Block* b = table_.owner_of(reinterpret_cast<uintptr_t>(ptr));
   if (!b || !b->live) return CUDA_ERROR_INVALID_VALUE;
-  note_user(b, stream);
   b->last_use = ++tick_;
+  CUresult r = CUDA_SUCCESS;
   if (b->where == Block::Where::kEvicting) {
     b->cancel = true;
     backing_->cancel_evict(b, &stream);
-    return CUDA_SUCCESS;
+  } else if (b->where == Block::Where::kHost) {
+    if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
+    r = restore_block(b, Cause::kOnDemand, &stream);
+    note_resident();
+    notify_memory();
   }
-  if (b->where == Block::Where::kDevice) return CUDA_SUCCESS;
-  if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUresult r = restore_block(b, Cause::kOnDemand, &stream);
-  note_resident();
-  notify_memory();
+  note_user(b, stream);  // after the restore, as in before_use
   return r;
 }
 
@@ -495,10 +495,12 @@ bool Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   auto use = [&](Block* b) {
     ++b->holds;
     held = true;
-    note_user(b, stream);
     b->last_use = ++tick_;
     chooser_->on_access({b->ptr, b->size, reinterpret_cast<uint64_t>(stream), a.seq, a.name});
     moved |= use_large(b, &stream, "on-demand restore");
+    // After the restore: its copy waits for this stream's mark (the block's
+    // last use there), not for all the work queued on it since.
+    note_user(b, stream);
   };
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [&](Block* b) { note_user(b, stream); });

@@ -659,6 +659,58 @@ TEST_F(AllocatorTest, AnEvictionCopyWaitsForTheBlocksLastUseNotTheStreamsTail) {
   ASSERT_CU(cuStreamDestroy(s));
 }
 
+// An on-demand restore's copy waits for the block's own last use (its
+// marks), not for the work queued on the stream that needs it: the host
+// waits for that one copy, and keeps its lead over the GPU. Simulated time.
+TEST_F(AllocatorTest, ARestoreWaitsForItsOwnCopyNotTheConsumersQueue) {
+  auto a = make(8 * MiB);
+  ASSERT_NE(nullptr, a);
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  void* p[2];
+  for (int i = 0; i < 2; ++i) {
+    p[i] = a->malloc(4 * MiB, s);
+    ASSERT_NE(nullptr, p[i]);
+    fill(p[i], 4 * MiB, 800u + static_cast<uint64_t>(i), s);
+  }
+  void* y = p[0];
+  const uintptr_t yp = reinterpret_cast<uintptr_t>(y);
+  const spillway::Touch t{yp, yp + 1};
+  spillway::Access acc;
+  acc.stream = s;
+  // Over the budget once (so launches leave marks), then y used and evicted.
+  void* z = a->malloc(4 * MiB, s);
+  ASSERT_NE(nullptr, z);
+  a->free(z, 4 * MiB, s);
+  acc.seq++;
+  a->before_use(acc, &t, 1);
+  check(y, 4 * MiB, 800u, s);
+  a->after_use(s, &t, 1);
+  if (a->residency(y) != Allocator::Residency::kHost) {
+    ASSERT_CU(a->evict(y));
+  }
+  ASSERT_EQ(Allocator::Residency::kHost, a->residency(y));
+  ASSERT_CU(cuStreamSynchronize(s));
+
+  const CUfunction slow = sleep_kernel(10'000'000);  // 10 ms queued on s
+  uint64_t us = 0;
+  void* params[] = {&us};
+  ASSERT_CU(cuLaunchKernel(slow, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  const uint64_t t0 = simcuda_now_ns();
+  acc.seq++;
+  a->before_use(acc, &t, 1);
+  const uint64_t host_ns = simcuda_now_ns() - t0;
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(y));
+  // A 4 MiB copy takes about 76 us at 55 GB/s; the queued kernel 10 ms.
+  EXPECT_LT(host_ns, 1'000'000u) << "the restore waited for the stream's queued work";
+  check(y, 4 * MiB, 800u, s);
+  a->after_use(s, &t, 1);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(0u, mismatches());
+  for (void* q : p) a->free(q, 4 * MiB, s);
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
 // A launch touching a resident block A and an evicted block B: B's restore
 // needs room, and whatever the policy ranks first (here: the most recently
 // used block, which is A), A is not evicted, since the launch needs it.
