@@ -109,6 +109,9 @@ def _load():
         lib.spillway_malloc.restype = void_p
         lib.spillway_free.argtypes = [void_p, size_t, ctypes.c_int, void_p]
         lib.spillway_free.restype = None
+        if hasattr(lib, "spillway_prefetch"):
+            lib.spillway_prefetch.argtypes = [void_p, size_t]
+            lib.spillway_prefetch.restype = ctypes.c_int
         if hasattr(lib, "spillway_check_config"):
             lib.spillway_check_config.argtypes = [ctypes.c_char_p, size_t]
             lib.spillway_check_config.restype = ctypes.c_int
@@ -263,6 +266,26 @@ def _extent(item):
     if storage is not None and hasattr(storage, "data_ptr") and hasattr(storage, "nbytes"):
         return int(storage.data_ptr()), int(storage.nbytes())
     return int(item.data_ptr()), int(item.numel() * item.element_size())
+
+
+def prefetch(*items):
+    """Starts bringing evicted blocks back to the GPU without waiting (spillway_prefetch).
+
+        spillway.prefetch(saved_activation, (ptr, size))
+
+    Each argument is a tensor (its whole storage) or an (address, size) pair. A
+    hint for what the job uses next: the copy runs while the job goes on, and the
+    next use waits only for what of it has not landed. Blocks that do not fit in
+    the budget without evicting another stay where they are. No-op when spillway
+    is not enabled.
+    """
+    lib = _load()
+    if lib is None or _gave_up or not hasattr(lib, "spillway_prefetch"):
+        return
+    for item in items:
+        ptr, size = _extent(item)
+        if ptr:
+            lib.spillway_prefetch(ptr, size)
 
 
 class pinned:

@@ -45,6 +45,14 @@ size_t spillway_stats_json(char* buf, size_t len);
 int spillway_pin(const void* ptr, size_t size);
 int spillway_unpin(const void* ptr, size_t size);
 
+/* Starts bringing back the evicted blocks under [ptr, ptr + size) without
+ * waiting: each is copied while its address still maps its host copy, and
+ * moves to the device copy when it is next used (waiting for that copy alone
+ * if it has not landed) or once the copy is done. A hint: blocks that do not
+ * fit in the budget without evicting another stay on the host until used.
+ * Returns 0, or -1 if spillway is not serving allocations. */
+int spillway_prefetch(const void* ptr, size_t size);
+
 /* Checks the SPILLWAY_* environment as the first spillway_malloc would, without
  * starting anything: returns 0 if it is valid, else 1 with the one-line message
  * the first call would print before exiting (docs/config.md) written into msg

@@ -139,6 +139,7 @@ void* Allocator::malloc(size_t size, CUstream stream) {
   if (size == 0) return nullptr;
   std::lock_guard lk(mu_);
   cache_.process_pending();
+  if (!arriving_.empty()) finish_prefetches();
   void* p = size < o_.min_block ? malloc_small(size, stream) : malloc_large(size, stream);
   if (!p) {
     ++s_.ooms;
@@ -231,6 +232,7 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   live_ -= b->size;
   ++s_.frees;
   b->last_use = ++tick_;
+  if (b->where == Block::Where::kArriving) backing_->abort_prefetch(b);  // its copy is of no use
   if (b->where == Block::Where::kHost) {
     free_evicted(b);
     return;
@@ -403,7 +405,8 @@ CUresult Allocator::evict(const void* ptr) {
   Block* b = table_.live_at(reinterpret_cast<uintptr_t>(ptr));
   if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
   if (b->where == Block::Where::kHost) return CUDA_SUCCESS;
-  if (b->where == Block::Where::kEvicting) return CUDA_ERROR_NOT_READY;
+  if (b->where == Block::Where::kEvicting || b->where == Block::Where::kArriving)
+    return CUDA_ERROR_NOT_READY;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
   evict_now({b}, Cause::kBudget);
   notify_memory();
@@ -418,6 +421,7 @@ Mover::Batch Allocator::begin_background(CUevent done) {
   // The mover's thread makes the context current once.
   if (!mover_has_context_ && !(mover_has_context_ = ensure_context())) return batch;
   cache_.process_pending();
+  if (!arriving_.empty()) finish_prefetches();
   if (resident() <= budget_.high() || !budget_.over_seen()) return batch;
   // Down to the low watermark, cheapest first as make_room; live blocks only
   // if the cheap steps leave it above the high one.
@@ -452,10 +456,10 @@ CUresult Allocator::restore(const void* ptr, CUstream stream) {
   if (b->where == Block::Where::kEvicting) {
     b->cancel = true;
     backing_->cancel_evict(b, &stream);
-  } else if (b->where == Block::Where::kHost) {
+  } else if (b->where != Block::Where::kDevice) {
     if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-    r = restore_block(b, Cause::kOnDemand, &stream);
-    note_resident();
+    use_large(b, &stream, "restore");
+    r = b->where == Block::Where::kDevice ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     notify_memory();
   }
   note_user(b, stream);  // after the restore, as in before_use
@@ -474,6 +478,14 @@ bool Allocator::use_large(Block* b, const CUstream* consumer, const char* what) 
     backing_->cancel_evict(b, consumer);
     return false;
   }
+  if (b->where == Block::Where::kArriving) {
+    // Prefetched: the host waits for that one copy (done already if it was
+    // issued early enough) and swaps it in before the work is queued.
+    if (ensure_context() && backing_->finish_prefetch(b, true)) {
+      ++s_.prefetches_used;
+      return true;
+    }
+  }
   if (b->where != Block::Where::kHost) return false;
   // Contract 1: restored before the work is queued (the caller is about to
   // queue it). On failure the host copy stays mapped: slow, correct.
@@ -481,6 +493,65 @@ bool Allocator::use_large(Block* b, const CUstream* consumer, const char* what) 
     log::warn("{} of {:#x} failed: it is used from host memory", what, b->ptr);
   note_resident();
   return true;
+}
+
+CUresult Allocator::prefetch(const void* ptr) {
+  InternalCalls internal;
+  std::lock_guard lk(mu_);
+  Block* b = table_.live_at(reinterpret_cast<uintptr_t>(ptr));
+  if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
+  if (b->where != Block::Where::kHost) return CUDA_SUCCESS;  // there, or on its way
+  if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
+  const CUresult r = prefetch_block(b);
+  notify_memory();
+  return r;
+}
+
+size_t Allocator::prefetch(const Touch* touches, size_t n) {
+  InternalCalls internal;
+  std::lock_guard lk(mu_);
+  size_t started = 0;
+  auto one = [&](Block* b) {
+    if (b->live && b->where == Block::Where::kHost && ensure_context() &&
+        prefetch_block(b) == CUDA_SUCCESS)
+      ++started;
+  };
+  for (size_t i = 0; i < n; ++i) table_.for_each_large(touches[i], one);
+  if (started) notify_memory();
+  return started;
+}
+
+CUresult Allocator::prefetch_block(Block* b) {
+  // Room from pooled handles and cached free blocks only: a prefetch never
+  // evicts a live block.
+  if (excess(b->cap) > 0) cascade([&] { return excess(b->cap); }, b->cap, nullptr, false);
+  if (excess(b->cap) > 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uint64_t queued = o_.observer ? monotonic_ns() : 0;
+  if (backing_->start_prefetch(b) != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
+  arriving_.push_back(b->ptr);
+  ++s_.blocks_restored;
+  s_.bytes_restored += b->size;
+  note_resident();
+  // done_ns: when it was queued; its activity record gives the copy's span.
+  if (o_.observer)
+    o_.observer->on_transfer(
+        {false, Cause::kPrefetch, o_.device, b->ptr, b->size, streams_->h2d(), queued, queued});
+  return CUDA_SUCCESS;
+}
+
+void Allocator::finish_prefetches() {
+  // The H2D stream runs its copies in order: the first still running ends
+  // the sweep. Entries whose block was used (swapped then), freed or
+  // replaced are dropped.
+  size_t done = 0;
+  for (; done < arriving_.size(); ++done) {
+    Block* b = table_.live_at(arriving_[done]);
+    if (!b || b->where != Block::Where::kArriving) continue;
+    if (!ensure_context() || !backing_->finish_prefetch(b, false)) {
+      if (b->where == Block::Where::kArriving) break;  // still copying
+    }
+  }
+  arriving_.erase(arriving_.begin(), arriving_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 bool Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
@@ -576,7 +647,9 @@ void Allocator::note_user(Block* b, CUstream stream) {
 }
 
 void Allocator::mark_step(uint64_t end) {
+  InternalCalls internal;
   std::lock_guard lk(mu_);
+  if (!arriving_.empty()) finish_prefetches();
   chooser_->on_step(end);
 }
 
@@ -596,6 +669,8 @@ Allocator::Residency Allocator::residency(const void* ptr) {
       return Residency::kEvicting;
     case Block::Where::kHost:
       return Residency::kHost;
+    case Block::Where::kArriving:
+      return Residency::kArriving;
   }
   return Residency::kUnknown;
 }

@@ -82,6 +82,16 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // in flight); evict it to host memory now.
   CUresult restore(const void* ptr, CUstream stream);
   CUresult evict(const void* ptr);
+  // Brings an evicted block back with nobody waiting: its copy runs while
+  // its address still maps the host copy, and the address moves to the
+  // device copy when a use needs it (the host then waits for that copy
+  // alone) or once the copy is seen done. Never evicts a live block:
+  // CUDA_ERROR_OUT_OF_MEMORY if it does not fit in the budget less cached
+  // memory now.
+  CUresult prefetch(const void* ptr);
+  // The same for every evicted block under these ranges that fits (a user's
+  // hint, spillway_prefetch); returns how many were started.
+  size_t prefetch(const Touch* touches, size_t n);
   // `stream` uses the block containing `ptr`: its free will wait for that
   // stream's work (what record_stream does, which a pluggable allocator never
   // receives).
@@ -95,7 +105,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void after_use(CUstream stream, const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
 
-  enum class Residency { kUnknown, kDevice, kEvicting, kHost };
+  enum class Residency { kUnknown, kDevice, kEvicting, kHost, kArriving };
   Residency residency(const void* ptr);
 
   // A training step ended (spillway_mark_step) after access number `end`
@@ -143,6 +153,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::vector<Block*> start_evictions(const std::vector<Block*>& victims, Cause cause);
   size_t finish_evictions(const std::vector<Block*>& started, bool copied);
   CUresult restore_block(Block* b, Cause cause, const CUstream* consumer);
+  CUresult prefetch_block(Block* b);
+  // Swaps in the prefetches whose copies are done, oldest first.
+  void finish_prefetches();
   // The background mover's round, under the lock.
   Mover::Batch begin_background(CUevent done);
   void end_background(Mover::Batch& batch, bool copied);
@@ -171,6 +184,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   bool mover_has_context_ = false;  // the mover's thread has the context current
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far
   uint64_t tick_ = 0;
+  std::vector<uintptr_t> arriving_;  // prefetches in flight, oldest first
   Counter live_, resident_, host_;
   Stats s_;  // event counts; levels and peaks come from the counters
 };

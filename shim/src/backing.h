@@ -75,6 +75,16 @@ class Backing {
   // Makes an evicted block resident again; `consumer` (if not null) waits
   // for it in stream order, else the host waits.
   virtual CUresult restore(Block* b, const CUstream* consumer) = 0;
+  // A restore in two steps, so that nobody waits for its copy: start_prefetch
+  // queues the copy into new device memory while the block's address still
+  // maps its host copy (kArriving: an access spillway does not see reads the
+  // host copy, whole); finish_prefetch swaps the address to the device copy
+  // once the copy is done (`wait`: the host waits for it; else false while
+  // it runs); abort_prefetch drops the device copy (the block stays kHost).
+  // Backings that cannot: kFailed.
+  virtual Start start_prefetch(Block* /*b*/) { return Start::kFailed; }
+  virtual bool finish_prefetch(Block* /*b*/, bool /*wait*/) { return false; }
+  virtual void abort_prefetch(Block* /*b*/) {}
   // Gives back the memory of a free block, resident (a cached one) or
   // evicted (its users drained by the caller), and forgets its range.
   virtual bool release(Block* b) = 0;

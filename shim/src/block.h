@@ -5,6 +5,9 @@
 //   kDevice --start_evict--> kEvicting --finish_evict--> kHost
 //      ^                        |  (cancelled: used or freed meanwhile)   |
 //      +------------------------+<----------------restore-----------------+
+//      ^                                                                  |
+//      +--finish_prefetch-- kArriving <--------start_prefetch-------------+
+//                              (abort_prefetch: back to kHost)
 #pragma once
 
 #include <cuda.h>
@@ -26,6 +29,9 @@ struct Block {
     kDevice,    // device memory behind ptr
     kEvicting,  // device memory still behind ptr; a copy to the host in flight
     kHost,      // host memory behind ptr (mapped there, or managed pages on the host)
+    // host memory still behind ptr; a copy into device memory (mapped at
+    // `scratch`) in flight: the swap to it waits for the copy
+    kArriving,
   };
   uintptr_t ptr = 0;
   size_t size = 0;              // requested bytes while live
@@ -40,7 +46,7 @@ struct Block {
   Where where = Where::kDevice;
   bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
   // Host backing: the physical handles behind it, and the scratch mapping of
-  // the copy in flight.
+  // the copy in flight (kEvicting: the host copy; kArriving: the device one).
   CUmemGenericAllocationHandle dev = 0, host = 0;
   uintptr_t scratch = 0;
   uint64_t last_use = 0;

@@ -62,6 +62,9 @@ class CopyStreams {
   // `b` is (or may be) used on `s` after its mark there: forget that mark.
   void clear_mark(Block& b, CUstream s);
   void clear_marks(Block& b);
+  // A prefetch's copy into `b` not yet swapped in (its mark on the H2D
+  // stream), or null.
+  const UseMark* arrival(const Block& b) const { return mark_of(b, h2d()); }
   size_t marks_in_use() const { return marks_.size() - free_marks_.size(); }
 
  private:

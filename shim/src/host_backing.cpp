@@ -160,6 +160,90 @@ class HostBacking final : public Backing {
     return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
   }
 
+  Start start_prefetch(Block* b) override {
+    CUmemGenericAllocationHandle h = 0;
+    if (p_.room.take_device(b->cap, &h) != CUDA_SUCCESS) return Start::kStop;
+    uintptr_t stage = p_.arena.take(b->cap);
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    UseMark* m = nullptr;
+    const CUstream h2d = p_.streams.h2d();
+    // After every use of the host copy seen so far (its marks, or the tails
+    // of streams without one), as a restore's copy.
+    const bool mapped = stage && (r = map_rw(p_.d, stage, b->cap, h, p_.device)) == CUDA_SUCCESS;
+    if (mapped && (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
+        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, stage, b->ptr, b->size, h2d)) == CUDA_SUCCESS &&
+        !(m = p_.streams.record_mark(h2d)))
+      r = CUDA_ERROR_UNKNOWN;
+    if (r != CUDA_SUCCESS) {
+      if (mapped) {
+        p_.streams.drain(h2d);  // a copy queued before the failure must end first
+        CU_CALL(p_.d, cuMemUnmap, stage, b->cap);
+      }
+      if (stage) p_.arena.give(stage, b->cap);
+      p_.dev.give(h, b->cap);
+      log::warn("prefetch of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
+      return Start::kFailed;
+    }
+    // The copy's mark is the block's arrival: a copy or free of the block
+    // waits for it like any other use (copy_streams.h).
+    p_.streams.set_mark(*b, h2d, m);
+    b->dev = h;
+    b->scratch = stage;
+    b->where = Block::Where::kArriving;
+    return Start::kStarted;
+  }
+
+  bool finish_prefetch(Block* b, bool wait) override {
+    const UseMark* m = p_.streams.arrival(*b);
+    if (!m) return false;
+    CUresult r =
+        wait ? CU_CALL(p_.d, cuEventSynchronize, m->ev.get()) : p_.d.cuEventQuery(m->ev.get());
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    if (r != CUDA_SUCCESS) {
+      abort_prefetch(b);
+      return false;
+    }
+    // The copy is done, and no seen work used the host mapping since it
+    // was queued (a seen use swaps first): the address can move to it.
+    bool unmapped = false;
+    if (CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS) {
+      p_.arena.give(b->scratch, b->cap);
+      b->scratch = 0;
+      unmapped = CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
+    }
+    if (unmapped && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS) {
+      host_.give(b->host, b->cap);
+      b->host = 0;
+      p_.streams.clear_mark(*b, p_.streams.h2d());
+      b->where = Block::Where::kDevice;
+      return true;
+    }
+    // Back to the host copy, whole; the device copy is dropped.
+    if (unmapped) map_rw(p_.d, b->ptr, b->cap, b->host, p_.device);
+    if (b->scratch) {
+      CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap);  // else its VA leaks, never aliased
+      b->scratch = 0;
+    }
+    p_.dev.give(b->dev, b->cap);
+    b->dev = 0;
+    p_.streams.clear_mark(*b, p_.streams.h2d());
+    b->where = Block::Where::kHost;
+    log::warn("prefetch of {:#x} could not be swapped in; it stays on the host", b->ptr);
+    return false;
+  }
+
+  void abort_prefetch(Block* b) override {
+    // The copy reads the host copy and writes the device one: it ends first.
+    if (const UseMark* m = p_.streams.arrival(*b)) CU_CALL(p_.d, cuEventSynchronize, m->ev.get());
+    if (CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS)
+      p_.arena.give(b->scratch, b->cap);
+    b->scratch = 0;
+    p_.dev.give(b->dev, b->cap);
+    b->dev = 0;
+    p_.streams.clear_mark(*b, p_.streams.h2d());
+    b->where = Block::Where::kHost;
+  }
+
   bool release(Block* b) override {
     if (CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
     if (b->where == Block::Where::kHost)

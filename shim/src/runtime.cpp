@@ -210,6 +210,10 @@ void Runtime::after_use(CUstream stream, const Touch* touches, size_t n) {
                  [&](Allocator& a, const Touch* t, size_t m) { a.after_use(stream, t, m); });
 }
 
+void Runtime::prefetch(const Touch* touches, size_t n) {
+  for_each_owner(touches, n, [](Allocator& a, const Touch* t, size_t m) { a.prefetch(t, m); });
+}
+
 void Runtime::release(const Touch* touches, size_t n) {
   for_each_owner(touches, n, [](Allocator& a, const Touch* t, size_t m) { a.release(t, m); });
 }

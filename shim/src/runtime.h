@@ -57,6 +57,8 @@ class Runtime final : public AccessSink {
   void hold(const Touch* touches, size_t n) override;
   void after_use(CUstream stream, const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
+  // spillway_prefetch: the evicted blocks under these ranges start back.
+  void prefetch(const Touch* touches, size_t n);
 
  private:
   template <class F>

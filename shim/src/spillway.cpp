@@ -72,6 +72,15 @@ ABI_EXPORT int spillway_unpin(const void* ptr, size_t size) {
   return pin(ptr, size, false);
 }
 
+ABI_EXPORT int spillway_prefetch(const void* ptr, size_t size) {
+  Runtime* rt = Runtime::peek();
+  if (!rt || !ptr) return -1;
+  const auto lo = reinterpret_cast<uintptr_t>(ptr);
+  const spillway::Touch t{lo, lo + (size ? size : 1)};
+  rt->prefetch(&t, 1);
+  return 0;
+}
+
 ABI_EXPORT int spillway_check_config(char* msg, size_t len) {
   std::string error;
   if (spillway::parse_config(environ, &error)) error.clear();

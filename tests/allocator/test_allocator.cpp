@@ -711,6 +711,94 @@ TEST_F(AllocatorTest, ARestoreWaitsForItsOwnCopyNotTheConsumersQueue) {
   ASSERT_CU(cuStreamDestroy(s));
 }
 
+// A prefetch copies an evicted block back while its address still maps the
+// host copy (an access spillway does not see reads the host copy, whole),
+// and the address moves to the device copy when a use needs it, the host
+// waiting for that copy alone, or once the copy is seen done (here: at the
+// next allocation). It never evicts, and a block freed while arriving keeps
+// nothing. Simulated time.
+TEST_F(AllocatorTest, APrefetchSwapsInWhenUsedOrDoneAndNeverEvicts) {
+  auto a = make(8 * MiB);
+  ASSERT_NE(nullptr, a);
+  CUstream s = nullptr, s2 = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  void* p[3];
+  for (int i = 0; i < 3; ++i) {  // the third evicts: two of 4 MiB fit
+    p[i] = a->malloc(4 * MiB, s);
+    ASSERT_NE(nullptr, p[i]);
+    fill(p[i], 4 * MiB, 900u + static_cast<uint64_t>(i), s);
+  }
+  ASSERT_CU(cuStreamSynchronize(s));
+  auto seed = [&](void* q) { return 900u + static_cast<uint64_t>(std::find(p, p + 3, q) - p); };
+  void* y = nullptr;
+  for (void* q : p)
+    if (a->residency(q) == Allocator::Residency::kHost) y = q;
+  ASSERT_NE(nullptr, y);
+  // The budget is full: a prefetch does not evict to make room.
+  EXPECT_EQ(CUDA_ERROR_OUT_OF_MEMORY, a->prefetch(y));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(y));
+  void* other = y == p[0] ? p[1] : p[0];
+  a->free(other, 4 * MiB, s);
+  p[std::find(p, p + 3, other) - p] = nullptr;
+
+  uint64_t t0 = simcuda_now_ns();
+  ASSERT_CU(a->prefetch(y));  // its room: the freed block, released
+  // A 4 MiB copy takes about 76 us at 55 GB/s.
+  EXPECT_LT(simcuda_now_ns() - t0, 40'000u) << "the host waited for the prefetch";
+  EXPECT_EQ(Allocator::Residency::kArriving, a->residency(y));
+  const CUfunction slow = sleep_kernel(10'000'000);  // 10 ms queued on s
+  uint64_t us = 0;
+  void* params[] = {&us};
+  ASSERT_CU(cuLaunchKernel(slow, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  // Read where spillway does not see it: the host copy, whole.
+  check(y, 4 * MiB, seed(y), s2);
+  ASSERT_CU(cuStreamSynchronize(s2));
+  EXPECT_EQ(0u, mismatches());
+  // A use swaps it in: the host waits for the copy (about 76 us), not for s.
+  const uintptr_t yp = reinterpret_cast<uintptr_t>(y);
+  const spillway::Touch t{yp, yp + 1};
+  spillway::Access acc;
+  acc.stream = s;
+  acc.seq = 1;
+  t0 = simcuda_now_ns();
+  a->before_use(acc, &t, 1);
+  EXPECT_LT(simcuda_now_ns() - t0, 1'000'000u) << "the swap waited for the stream's work";
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(y));
+  check(y, 4 * MiB, seed(y), s);
+  a->after_use(s, &t, 1);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_EQ(1u, a->stats().prefetches_used);
+
+  // Evicted again, prefetched, and swapped in by the next allocation once
+  // its copy is done.
+  ASSERT_CU(a->evict(y));
+  ASSERT_CU(a->prefetch(y));
+  ASSERT_CU(cuCtxSynchronize());
+  void* z = a->malloc(1000, s);
+  ASSERT_NE(nullptr, z);
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(y));
+  check(y, 4 * MiB, seed(y), s);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(0u, mismatches());
+
+  // Evicted, prefetched and freed before it lands: its host and device
+  // memory go back to the pools (none is left in use).
+  ASSERT_CU(a->evict(y));
+  ASSERT_CU(a->prefetch(y));
+  a->free(y, 4 * MiB, s);
+  EXPECT_EQ(Allocator::Residency::kUnknown, a->residency(y));
+  // In use: the other live block (4 MiB) and z's small chunk (2 MiB).
+  EXPECT_EQ(6 * MiB, a->stats().reserved_bytes);
+  p[std::find(p, p + 3, y) - p] = nullptr;
+  a->free(z, 1000, s);
+  for (void* q : p)
+    if (q) a->free(q, 4 * MiB, s);
+  ASSERT_CU(cuStreamDestroy(s));
+  ASSERT_CU(cuStreamDestroy(s2));
+}
+
 // A launch touching a resident block A and an evicted block B: B's restore
 // needs room, and whatever the policy ranks first (here: the most recently
 // used block, which is A), A is not evicted, since the launch needs it.

@@ -113,6 +113,27 @@ def test_pinned_keeps_a_block_resident_under_a_budget_that_would_evict_it(spw):
     assert pinned["peak"] <= 8 * MiB
 
 
+def test_prefetch_brings_an_evicted_block_back_only_into_free_room(spw):
+    out = run_json(spw, """
+a = malloc(4 * MiB); b = malloc(4 * MiB)   # the budget is full
+c = malloc(4 * MiB)                        # evicts a (least recently used)
+s0 = raw()
+spillway.prefetch((a, 4 * MiB))            # no room: a prefetch never evicts
+s1 = raw()
+lib.spillway_free(b, 4 * MiB, 0, None)
+spillway.prefetch((a, 4 * MiB))            # into b's room
+s2 = raw()
+print(json.dumps({"evicted": s0["blocks_evicted"],
+                  "no_room": s1["blocks_restored"] - s0["blocks_restored"],
+                  "room": s2["blocks_restored"] - s1["blocks_restored"],
+                  "peak": s2["peak_resident_bytes"]}))
+""", SPILLWAY_GPU_BUDGET="8MiB")
+    assert out["evicted"] == 1
+    assert out["no_room"] == 0
+    assert out["room"] == 1
+    assert out["peak"] <= 8 * MiB
+
+
 def test_pinned_accepts_tensors_and_unpins_on_error(spw):
     out = run_json(spw, """
 class Storage:

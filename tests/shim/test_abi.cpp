@@ -351,7 +351,7 @@ TEST_F(ShimAbi, ExportsExactlyTheFourAbiFunctions) {
   }
   const std::set<std::string> expected = {
       "spillway_malloc", "spillway_free", "spillway_mark_step", "spillway_stats_json",
-      "spillway_pin", "spillway_unpin", "spillway_check_config",
+      "spillway_pin", "spillway_unpin", "spillway_prefetch", "spillway_check_config",
       // NCCL interposition (docs/nccl.md)
       "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce",
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd"};
