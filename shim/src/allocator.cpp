@@ -282,7 +282,7 @@ bool Allocator::make_room(size_t need) {
   // Freed handles go to the pool; only the excess is released, and a handle
   // of the size about to be taken is kept for it.
   std::function<size_t(size_t)> evict_live;
-  if (o_.evict)
+  if (o_.evict && !prefetching_)  // a prefetch never evicts a live block
     evict_live = [&](size_t want) {
       budget_.note_over();
       return evict_now(choose_victims(want), Cause::kBudget);
@@ -305,7 +305,7 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
   size_t freed = 0;
   const bool short_of_device = r == CUDA_ERROR_OUT_OF_MEMORY;
   std::function<size_t(size_t)> evict_live;
-  if (o_.evict)
+  if (o_.evict && !prefetching_)  // a prefetch never evicts a live block
     evict_live = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // The device, not the budget, says whether a step freed enough: one step
@@ -527,7 +527,11 @@ CUresult Allocator::prefetch_block(Block* b) {
   if (excess(b->cap) > 0) cascade([&] { return excess(b->cap); }, b->cap, nullptr, false);
   if (excess(b->cap) > 0) return CUDA_ERROR_OUT_OF_MEMORY;
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
-  if (backing_->start_prefetch(b) != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
+  prefetching_ = true;
+  const Backing::Start started = backing_->start_prefetch(b);
+  prefetching_ = false;
+  if (started == Backing::Start::kStop) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (started != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
   arriving_.push_back(b->ptr);
   ++s_.blocks_restored;
   s_.bytes_restored += b->size;

@@ -185,6 +185,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far
   uint64_t tick_ = 0;
   std::vector<uintptr_t> arriving_;  // prefetches in flight, oldest first
+  bool prefetching_ = false;         // take_device for a prefetch: no live block evicted
   Counter live_, resident_, host_;
   Stats s_;  // event counts; levels and peaks come from the counters
 };

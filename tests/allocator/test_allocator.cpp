@@ -351,6 +351,37 @@ TEST_F(SmallDeviceAllocatorTest, DeviceFilledByAnotherProcessStillAllocatesByEvi
   EXPECT_EQ(a->stats().bytes_evicted, observed_.bytes(true, spillway::Cause::kPressure));
 }
 
+// A prefetch never evicts, even when the device (not the budget) is full.
+TEST_F(SmallDeviceAllocatorTest, APrefetchOnAFullDeviceEvictsNothing) {
+  auto a = make(0);  // no budget: only the device's real capacity limits
+  std::vector<Live> live;
+  for (int i = 0; i < 3; ++i) {
+    void* p = a->malloc(8 * MiB, nullptr);
+    ASSERT_NE(nullptr, p);
+    live.push_back({p, 8 * MiB, 960u + static_cast<uint64_t>(i), nullptr});
+    fill(p, 8 * MiB, live.back().seed, nullptr);
+  }
+  ASSERT_CU(a->evict(live[0].p));
+  // The evicted block's device memory is taken again: none is pooled.
+  void* q = a->malloc(8 * MiB, nullptr);
+  ASSERT_NE(nullptr, q);
+  live.push_back({q, 8 * MiB, 963u, nullptr});
+  fill(q, 8 * MiB, live.back().seed, nullptr);
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  ASSERT_CU(simcuda_set_external_usage(0, 64 * MiB - ms.device_used));  // the rest is taken
+  const uint64_t evicted = a->stats().blocks_evicted;
+  EXPECT_NE(CUDA_SUCCESS, a->prefetch(live[0].p));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(live[0].p));
+  EXPECT_EQ(evicted, a->stats().blocks_evicted);
+  for (size_t i = 1; i < live.size(); ++i)
+    EXPECT_EQ(Allocator::Residency::kDevice, a->residency(live[i].p));
+  ASSERT_CU(simcuda_set_external_usage(0, 0));
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  for (const Live& l : live) a->free(l.p, l.size, nullptr);
+}
+
 TEST_F(AllocatorTest, HeldBlocksStayResidentAndEveryTransferIsObserved) {
   const uint64_t budget = 16 * MiB;
   auto a = make(budget);
