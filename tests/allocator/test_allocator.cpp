@@ -323,17 +323,25 @@ TEST_F(AllocatorTest, LiveSetThreeTimesTheBudgetStaysWithinIt) {
 
 class SmallDeviceAllocatorTest : public AllocatorTest {
   void configure() override { setenv("SIMCUDA_DEVICE_MEMORY", "64MiB", 1); }
+
+ protected:
+  // Allocates and fills n blocks of 8 MiB (seeds from `seed`) into `live`;
+  // false if an allocation failed.
+  bool allocate(Allocator& a, int n, uint64_t seed, std::vector<Live>* live) {
+    for (int i = 0; i < n; ++i) {
+      void* p = a.malloc(8 * MiB, nullptr);
+      if (!p) return false;
+      live->push_back({p, 8 * MiB, seed + static_cast<uint64_t>(i), nullptr});
+      fill(p, 8 * MiB, live->back().seed, nullptr);
+    }
+    return true;
+  }
 };
 
 TEST_F(SmallDeviceAllocatorTest, DeviceFilledByAnotherProcessStillAllocatesByEvicting) {
   auto a = make(0);  // no budget: only the device's real capacity limits
   std::vector<Live> live;
-  for (int i = 0; i < 6; ++i) {
-    void* p = a->malloc(8 * MiB, nullptr);
-    ASSERT_NE(nullptr, p);
-    live.push_back({p, 8 * MiB, 900u + static_cast<uint64_t>(i), nullptr});
-    fill(p, 8 * MiB, live.back().seed, nullptr);
-  }
+  ASSERT_TRUE(allocate(*a, 6, 900u, &live));
   simcuda_memory_stats ms;
   simcuda_get_memory_stats(0, &ms);
   // Someone else takes all but 8 MiB of what is left.
@@ -355,18 +363,10 @@ TEST_F(SmallDeviceAllocatorTest, DeviceFilledByAnotherProcessStillAllocatesByEvi
 TEST_F(SmallDeviceAllocatorTest, APrefetchOnAFullDeviceEvictsNothing) {
   auto a = make(0);  // no budget: only the device's real capacity limits
   std::vector<Live> live;
-  for (int i = 0; i < 3; ++i) {
-    void* p = a->malloc(8 * MiB, nullptr);
-    ASSERT_NE(nullptr, p);
-    live.push_back({p, 8 * MiB, 960u + static_cast<uint64_t>(i), nullptr});
-    fill(p, 8 * MiB, live.back().seed, nullptr);
-  }
+  ASSERT_TRUE(allocate(*a, 3, 960u, &live));
   ASSERT_CU(a->evict(live[0].p));
   // The evicted block's device memory is taken again: none is pooled.
-  void* q = a->malloc(8 * MiB, nullptr);
-  ASSERT_NE(nullptr, q);
-  live.push_back({q, 8 * MiB, 963u, nullptr});
-  fill(q, 8 * MiB, live.back().seed, nullptr);
+  ASSERT_TRUE(allocate(*a, 1, 963u, &live));
   simcuda_memory_stats ms;
   simcuda_get_memory_stats(0, &ms);
   ASSERT_CU(simcuda_set_external_usage(0, 64 * MiB - ms.device_used));  // the rest is taken
