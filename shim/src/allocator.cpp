@@ -176,7 +176,7 @@ void* Allocator::malloc_small(size_t size, CUstream stream) {
     // A new chunk: VMM device memory in the arena, in every mode.
     const size_t chunk = round_up(std::max(n, kChunk), granule_);
     CUmemGenericAllocationHandle h = 0;
-    if (!ensure_context() || take_device(chunk, &h) != CUDA_SUCCESS) return nullptr;
+    if (!ensure_context() || take_device(chunk, &h, true) != CUDA_SUCCESS) return nullptr;
     uintptr_t va = arena_.take(chunk);
     if (!va || map_rw(d_, va, chunk, h, o_.device) != CUDA_SUCCESS) {
       if (va) arena_.give(va, chunk);
@@ -277,47 +277,47 @@ size_t Allocator::cascade(const std::function<uint64_t()>& short_by, size_t keep
   return freed;
 }
 
-bool Allocator::make_room(size_t need) {
+bool Allocator::make_room(size_t need, bool evict_live) {
   if (budget_.gpu() == 0 || excess(need) == 0) return true;
   // Freed handles go to the pool; only the excess is released, and a handle
   // of the size about to be taken is kept for it.
-  std::function<size_t(size_t)> evict_live;
-  if (o_.evict && !prefetching_)  // a prefetch never evicts a live block
-    evict_live = [&](size_t want) {
+  std::function<size_t(size_t)> evict;
+  if (o_.evict && evict_live)
+    evict = [&](size_t want) {
       budget_.note_over();
       return evict_now(choose_victims(want), Cause::kBudget);
     };
-  cascade([&] { return excess(need); }, need, evict_live, false);
-  if (uint64_t short_by = excess(need)) {
+  cascade([&] { return excess(need); }, need, evict, false);
+  const uint64_t short_by = excess(need);
+  // Without eviction, falling short is an answer, not a failure.
+  if (short_by && evict_live)
     log::warn("cannot fit {} bytes in the budget of {} bytes: {} bytes short", need, budget_.gpu(),
               short_by);
-    return false;
-  }
-  return true;
+  return short_by == 0;
 }
 
-CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h) {
-  if (!make_room(size)) return CUDA_ERROR_OUT_OF_MEMORY;
+CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h, bool evict_live) {
+  if (!make_room(size, evict_live)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult r = dev_.take(size, h);
   // The device may be fuller than the budget says (other processes, other
   // libraries): free `size` more bytes, cheapest first, and retry while
   // anything could be freed.
   size_t freed = 0;
   const bool short_of_device = r == CUDA_ERROR_OUT_OF_MEMORY;
-  std::function<size_t(size_t)> evict_live;
-  if (o_.evict && !prefetching_)  // a prefetch never evicts a live block
-    evict_live = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
+  std::function<size_t(size_t)> evict;
+  if (o_.evict && evict_live)
+    evict = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // The device, not the budget, says whether a step freed enough: one step
     // at a time, then the caller's retry.
-    const size_t got = cascade([&] { return size; }, size, evict_live, true);
+    const size_t got = cascade([&] { return size; }, size, evict, true);
     if (got == 0) break;
     freed += got;
     r = dev_.take(size, h);
   }
   if (short_of_device && r == CUDA_SUCCESS && o_.observer)
     o_.observer->on_oom_avoided(o_.device, size, freed);
-  if (r != CUDA_SUCCESS)
+  if (r != CUDA_SUCCESS && evict_live)
     log::warn("cuMemCreate({} bytes, device {}) failed: {}", size, o_.device, cu::describe(d_, r));
   return r;
 }
@@ -495,18 +495,6 @@ bool Allocator::use_large(Block* b, const CUstream* consumer, const char* what) 
   return true;
 }
 
-CUresult Allocator::prefetch(const void* ptr) {
-  InternalCalls internal;
-  std::lock_guard lk(mu_);
-  Block* b = table_.live_at(reinterpret_cast<uintptr_t>(ptr));
-  if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
-  if (b->where != Block::Where::kHost) return CUDA_SUCCESS;  // there, or on its way
-  if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  const CUresult r = prefetch_block(b);
-  notify_memory();
-  return r;
-}
-
 size_t Allocator::prefetch(const Touch* touches, size_t n) {
   InternalCalls internal;
   std::lock_guard lk(mu_);
@@ -522,14 +510,8 @@ size_t Allocator::prefetch(const Touch* touches, size_t n) {
 }
 
 CUresult Allocator::prefetch_block(Block* b) {
-  // Room from pooled handles and cached free blocks only: a prefetch never
-  // evicts a live block.
-  if (excess(b->cap) > 0) cascade([&] { return excess(b->cap); }, b->cap, nullptr, false);
-  if (excess(b->cap) > 0) return CUDA_ERROR_OUT_OF_MEMORY;
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
-  prefetching_ = true;
-  const Backing::Start started = backing_->start_prefetch(b);
-  prefetching_ = false;
+  const Backing::Start started = backing_->start_prefetch(b);  // evicts no live block
   if (started == Backing::Start::kStop) return CUDA_ERROR_OUT_OF_MEMORY;
   if (started != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
   arriving_.push_back(b->ptr);

@@ -82,15 +82,12 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // in flight); evict it to host memory now.
   CUresult restore(const void* ptr, CUstream stream);
   CUresult evict(const void* ptr);
-  // Brings an evicted block back with nobody waiting: its copy runs while
-  // its address still maps the host copy, and the address moves to the
-  // device copy when a use needs it (the host then waits for that copy
-  // alone) or once the copy is seen done. Never evicts a live block:
-  // CUDA_ERROR_OUT_OF_MEMORY if it does not fit in the budget less cached
-  // memory now.
-  CUresult prefetch(const void* ptr);
-  // The same for every evicted block under these ranges that fits (a user's
-  // hint, spillway_prefetch); returns how many were started.
+  // Brings the evicted blocks under these ranges back with nobody waiting
+  // (spillway_prefetch): each copy runs while the block's address still
+  // maps its host copy, and the address moves to the device copy when a use
+  // needs it (the host then waits for that copy alone) or once the copy is
+  // seen done. Never evicts a live block: one that does not fit now, with
+  // pooled and cached memory given back, stays. Returns how many started.
   size_t prefetch(const Touch* touches, size_t n);
   // `stream` uses the block containing `ptr`: its free will wait for that
   // stream's work (what record_stream does, which a pluggable allocator never
@@ -132,8 +129,8 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void free_evicted(Block* b);
 
   // DeviceRoom: what the backings and small chunks ask for.
-  bool make_room(size_t need) override;
-  CUresult take_device(size_t size, CUmemGenericAllocationHandle* h) override;
+  bool make_room(size_t need, bool evict_live) override;
+  CUresult take_device(size_t size, CUmemGenericAllocationHandle* h, bool evict_live) override;
   // The make-room cascade, cheapest first: pooled device handles, cached
   // free blocks, then live blocks (`evict_live`, if given), while
   // `short_by()` says more is needed; a pooled handle of `keep` bytes stays
@@ -185,7 +182,6 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far
   uint64_t tick_ = 0;
   std::vector<uintptr_t> arriving_;  // prefetches in flight, oldest first
-  bool prefetching_ = false;         // take_device for a prefetch: no live block evicted
   Counter live_, resident_, host_;
   Stats s_;  // event counts; levels and peaks come from the counters
 };

@@ -32,11 +32,13 @@ namespace spillway {
 class DeviceRoom {
  public:
   virtual ~DeviceRoom() = default;
-  // Frees device memory until `need` more bytes fit in the budget.
-  virtual bool make_room(size_t need) = 0;
+  // Frees device memory until `need` more bytes fit in the budget: pooled
+  // handles and cached blocks, and live blocks if `evict_live` (a prefetch
+  // never evicts one).
+  virtual bool make_room(size_t need, bool evict_live) = 0;
   // A device handle of `size` bytes within the budget (making room, and more
-  // room if the device itself is full).
-  virtual CUresult take_device(size_t size, CUmemGenericAllocationHandle* h) = 0;
+  // room if the device itself is full, as make_room).
+  virtual CUresult take_device(size_t size, CUmemGenericAllocationHandle* h, bool evict_live) = 0;
 };
 
 // What the backings share with the allocator (all outlive the backing).

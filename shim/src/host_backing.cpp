@@ -32,7 +32,7 @@ class HostBacking final : public Backing {
 
   Block* create(size_t cap, CUstream stream) override {
     CUmemGenericAllocationHandle h = 0;
-    if (p_.room.take_device(cap, &h) != CUDA_SUCCESS) return nullptr;
+    if (p_.room.take_device(cap, &h, true) != CUDA_SUCCESS) return nullptr;
     uintptr_t va = p_.arena.take(cap);
     if (!va) {
       log::error("the VA arena ({} bytes) is exhausted", p_.arena.size());
@@ -125,7 +125,7 @@ class HostBacking final : public Backing {
 
   CUresult restore(Block* b, const CUstream* /*consumer*/) override {
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = p_.room.take_device(b->cap, &h);
+    CUresult r = p_.room.take_device(b->cap, &h, true);
     if (r != CUDA_SUCCESS) return r;
     uintptr_t scratch = p_.arena.take(b->cap);
     if (!scratch || (r = map_rw(p_.d, scratch, b->cap, h, p_.device)) != CUDA_SUCCESS) {
@@ -162,7 +162,9 @@ class HostBacking final : public Backing {
 
   Start start_prefetch(Block* b) override {
     CUmemGenericAllocationHandle h = 0;
-    if (p_.room.take_device(b->cap, &h) != CUDA_SUCCESS) return Start::kStop;
+    // Room from pooled handles and cached blocks only: a prefetch never
+    // evicts a live block.
+    if (p_.room.take_device(b->cap, &h, false) != CUDA_SUCCESS) return Start::kStop;
     uintptr_t stage = p_.arena.take(b->cap);
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     UseMark* m = nullptr;
@@ -220,14 +222,7 @@ class HostBacking final : public Backing {
     }
     // Back to the host copy, whole; the device copy is dropped.
     if (unmapped) map_rw(p_.d, b->ptr, b->cap, b->host, p_.device);
-    if (b->scratch) {
-      CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap);  // else its VA leaks, never aliased
-      b->scratch = 0;
-    }
-    p_.dev.give(b->dev, b->cap);
-    b->dev = 0;
-    p_.streams.clear_mark(*b, p_.streams.h2d());
-    b->where = Block::Where::kHost;
+    drop_device_copy(b);
     log::warn("prefetch of {:#x} could not be swapped in; it stays on the host", b->ptr);
     return false;
   }
@@ -235,13 +230,7 @@ class HostBacking final : public Backing {
   void abort_prefetch(Block* b) override {
     // The copy reads the host copy and writes the device one: it ends first.
     if (const UseMark* m = p_.streams.arrival(*b)) CU_CALL(p_.d, cuEventSynchronize, m->ev.get());
-    if (CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS)
-      p_.arena.give(b->scratch, b->cap);
-    b->scratch = 0;
-    p_.dev.give(b->dev, b->cap);
-    b->dev = 0;
-    p_.streams.clear_mark(*b, p_.streams.h2d());
-    b->where = Block::Where::kHost;
+    drop_device_copy(b);
   }
 
   bool release(Block* b) override {
@@ -274,6 +263,18 @@ class HostBacking final : public Backing {
   uint64_t host_reserved() const override { return host_.held() - host_.pooled(); }
 
  private:
+  // kArriving -> kHost, its copy done: the device copy and its staging
+  // mapping go back.
+  void drop_device_copy(Block* b) {
+    if (b->scratch && CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS)
+      p_.arena.give(b->scratch, b->cap);  // else its VA leaks, never aliased
+    b->scratch = 0;
+    p_.dev.give(b->dev, b->cap);
+    b->dev = 0;
+    p_.streams.clear_mark(*b, p_.streams.h2d());
+    b->where = Block::Where::kHost;
+  }
+
   BackingParts p_;
   PhysPool host_;
   const bool evicts_;

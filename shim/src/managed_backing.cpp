@@ -152,7 +152,7 @@ class ManagedBacking final : public Backing {
   // than the budget says is the driver's to handle (it migrates managed
   // pages out itself): slow, correct.
   bool take_device(size_t size) {
-    if (!p_.room.make_room(size)) return false;
+    if (!p_.room.make_room(size, true)) return false;
     beyond_pool_ += size;
     return true;
   }
