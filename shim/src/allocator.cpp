@@ -80,8 +80,8 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   if (o.background && a->o_.evict && a->budget_.room_for_background()) {
     Allocator* p = a.get();
     a->mover_ = std::make_unique<Mover>(
-        d, [p](CUevent done) { return p->begin_background(done); },
-        [p](Mover::Batch& b, bool copied) { p->end_background(b, copied); }, o.before_swap);
+        d, [p](CUevent done) { return p->begin_background(done); }, [p] { p->end_background(); },
+        o.before_swap);
     a->mover_->start();
   }
   return a;
@@ -279,13 +279,15 @@ size_t Allocator::cascade(const std::function<uint64_t()>& short_by, size_t keep
 
 bool Allocator::make_room(size_t need, bool evict_live) {
   if (budget_.gpu() == 0 || excess(need) == 0) return true;
+  // Evictions whose copies are done free their device memory first.
+  if (!evicting_.empty() && finish_departed(0, false) > 0 && excess(need) == 0) return true;
   // Freed handles go to the pool; only the excess is released, and a handle
   // of the size about to be taken is kept for it.
   std::function<size_t(size_t)> evict;
   if (o_.evict && evict_live)
     evict = [&](size_t want) {
       budget_.note_over();
-      return evict_now(choose_victims(want), Cause::kBudget);
+      return evict_now(want, Cause::kBudget);
     };
   cascade([&] { return excess(need); }, need, evict, false);
   const uint64_t short_by = excess(need);
@@ -306,7 +308,7 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h, bo
   const bool short_of_device = r == CUDA_ERROR_OUT_OF_MEMORY;
   std::function<size_t(size_t)> evict;
   if (o_.evict && evict_live)
-    evict = [&](size_t want) { return evict_now(choose_victims(want), Cause::kPressure); };
+    evict = [&](size_t want) { return evict_now(want, Cause::kPressure); };
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // The device, not the budget, says whether a step freed enough: one step
     // at a time, then the caller's retry.
@@ -352,12 +354,12 @@ std::vector<Block*> Allocator::choose_victims(size_t want) {
   return victims;
 }
 
-size_t Allocator::evict_now(const std::vector<Block*>& victims, Cause cause) {
-  std::vector<Block*> started = start_evictions(victims, cause);
-  if (started.empty()) return 0;
-  // Contract 1: the copies complete before device memory is released.
-  const bool copied = streams_->drain(streams_->d2h()) == CUDA_SUCCESS;
-  return finish_evictions(started, copied);
+size_t Allocator::evict_now(size_t want, Cause cause) {
+  uint64_t in_flight = 0;
+  for (const Block* b : evicting_) in_flight += b->cancel ? 0 : b->cap;
+  if (in_flight < want) start_evictions(choose_victims(want - in_flight), cause);
+  // Contract 1: device memory is given back only once its copy is done.
+  return finish_departed(want, true);
 }
 
 std::vector<Block*> Allocator::start_evictions(const std::vector<Block*>& victims, Cause cause) {
@@ -372,29 +374,45 @@ std::vector<Block*> Allocator::start_evictions(const std::vector<Block*>& victim
     b->cause = cause;
     b->queued_ns = o_.observer ? monotonic_ns() : 0;
     b->cancel = false;
+    streams_->mark_departure(*b);
+    evicting_.push_back(b);
     started.push_back(b);
   }
   host_.set(backing_->host_held());
   return started;
 }
 
-size_t Allocator::finish_evictions(const std::vector<Block*>& started, bool copied) {
+size_t Allocator::finish_eviction(Block* b, bool copied) {
+  streams_->clear_departure(*b);
   size_t freed = 0;
-  for (Block* b : started) {
-    if (backing_->finish_evict(b, copied)) {
-      freed += b->cap;
-      ++s_.blocks_evicted;
-      s_.bytes_evicted += b->size;
-      if (o_.observer)
-        o_.observer->on_transfer({true, b->cause, o_.device, b->ptr, b->size, streams_->d2h(),
-                                  b->queued_ns, monotonic_ns()});
-    } else if (b->cancel) {
-      ++s_.evictions_cancelled;
-    } else {
-      ++s_.evictions_failed;
-      log::warn("eviction of {:#x} rolled back (pending work on it, or a driver error)", b->ptr);
-    }
-    b->cancel = false;
+  if (backing_->finish_evict(b, copied)) {
+    freed = b->cap;
+    ++s_.blocks_evicted;
+    s_.bytes_evicted += b->size;
+    if (o_.observer)
+      o_.observer->on_transfer({true, b->cause, o_.device, b->ptr, b->size, streams_->d2h(),
+                                b->queued_ns, monotonic_ns()});
+  } else if (b->cancel) {
+    ++s_.evictions_cancelled;
+  } else {
+    ++s_.evictions_failed;
+    log::warn("eviction of {:#x} rolled back (pending work on it, or a driver error)", b->ptr);
+  }
+  b->cancel = false;
+  return freed;
+}
+
+size_t Allocator::finish_departed(size_t want, bool wait, const Block* until) {
+  // One D2H stream runs the copies in queue order: the first one not done
+  // ends a sweep that does not wait.
+  size_t freed = 0;
+  while (!evicting_.empty()) {
+    Block* b = evicting_.front();
+    const bool need = wait && (freed < want || (until && until->where == Block::Where::kEvicting));
+    const CUresult r = need ? streams_->wait_departure(*b) : streams_->departed(*b);
+    if (r == CUDA_ERROR_NOT_READY) break;
+    evicting_.pop_front();
+    freed += finish_eviction(b, r == CUDA_SUCCESS);
   }
   return freed;
 }
@@ -408,36 +426,38 @@ CUresult Allocator::evict(const void* ptr) {
   if (b->where == Block::Where::kEvicting || b->where == Block::Where::kArriving)
     return CUDA_ERROR_NOT_READY;
   if (!ensure_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  evict_now({b}, Cause::kBudget);
+  if (!start_evictions({b}, Cause::kBudget).empty()) finish_departed(0, true, b);
   notify_memory();
   return b->where == Block::Where::kHost ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 // ---- the background mover's round -----------------------------------------
 
-Mover::Batch Allocator::begin_background(CUevent done) {
+bool Allocator::begin_background(CUevent done) {
   std::lock_guard lk(mu_);
-  Mover::Batch batch;
   // The mover's thread makes the context current once.
-  if (!mover_has_context_ && !(mover_has_context_ = ensure_context())) return batch;
+  if (!mover_has_context_ && !(mover_has_context_ = ensure_context())) return false;
   cache_.process_pending();
   if (!arriving_.empty()) finish_prefetches();
-  if (resident() <= budget_.high() || !budget_.over_seen()) return batch;
+  if (!evicting_.empty()) finish_departed(0, false);
+  if (resident() <= budget_.high() || !budget_.over_seen()) return false;
   // Down to the low watermark, cheapest first as make_room; live blocks only
-  // if the cheap steps leave it above the high one.
+  // if the cheap steps leave it above the high one. Copies still in flight
+  // count as gone.
   const uint64_t low = budget_.low();
   const uint64_t high = budget_.high();
   cascade([&] { return resident() > high ? resident() - low : 0; }, 0, nullptr, false);
-  if (resident() <= budget_.high()) return batch;
-  batch.blocks = start_evictions(choose_victims(resident() - low), Cause::kBudget);
-  if (!batch.blocks.empty())
-    batch.recorded = CU_CALL(d_, cuEventRecord, done, streams_->d2h()) == CUDA_SUCCESS;
-  return batch;
+  uint64_t in_flight = 0;
+  for (const Block* b : evicting_) in_flight += b->cancel ? 0 : b->cap;
+  if (resident() <= high + in_flight) return false;
+  if (start_evictions(choose_victims(resident() - in_flight - low), Cause::kBudget).empty())
+    return false;
+  return CU_CALL(d_, cuEventRecord, done, streams_->d2h()) == CUDA_SUCCESS;
 }
 
-void Allocator::end_background(Mover::Batch& batch, bool copied) {
+void Allocator::end_background() {
   std::lock_guard lk(mu_);
-  finish_evictions(batch.blocks, copied);
+  finish_departed(0, false);
   const uint64_t low = budget_.low();
   if (resident() > low) dev_.trim(resident() - low);
   notify_memory();

@@ -19,6 +19,7 @@
 
 #include <cuda.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -144,18 +145,25 @@ class Allocator final : public AccessSink, private DeviceRoom {
   }
   size_t release_cached(size_t want);
   std::vector<Block*> choose_victims(size_t want);
-  // Evicts these blocks now (the host waits for the copies).
-  size_t evict_now(const std::vector<Block*>& victims, Cause cause);
-  // Eviction in two steps so the copies can run without the lock (mover.h).
+  // Frees `want` device bytes by eviction now, the host waiting only until
+  // they are freed: the copies already in flight first (they are ahead in
+  // the D2H queue), new victims only for what those do not cover.
+  size_t evict_now(size_t want, Cause cause);
+  // Eviction in two steps: the copies are queued (and join `evicting_`), then
+  // finished, without the lock between (mover.h) or by whoever needs the room.
   std::vector<Block*> start_evictions(const std::vector<Block*>& victims, Cause cause);
-  size_t finish_evictions(const std::vector<Block*>& started, bool copied);
+  size_t finish_eviction(Block* b, bool copied);
+  // Finishes the evictions in flight, oldest first: those whose copy is done
+  // and, with `wait`, those the host waits for until `want` bytes are freed
+  // and `until` (if given) is finished. Returns the device bytes freed.
+  size_t finish_departed(size_t want, bool wait, const Block* until = nullptr);
   CUresult restore_block(Block* b, Cause cause, const CUstream* consumer);
   CUresult prefetch_block(Block* b);
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
-  Mover::Batch begin_background(CUevent done);
-  void end_background(Mover::Batch& batch, bool copied);
+  bool begin_background(CUevent done);
+  void end_background();
 
   // Device physical memory held: the pool's handles (live, cached, pooled
   // blocks and small chunks) and what the backing holds beyond them.
@@ -182,6 +190,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far
   uint64_t tick_ = 0;
   std::vector<uintptr_t> arriving_;  // prefetches in flight, oldest first
+  std::deque<Block*> evicting_;      // evictions in flight, in D2H queue order
   Counter live_, resident_, host_;
   Stats s_;  // event counts; levels and peaks come from the counters
 };

@@ -41,6 +41,10 @@ struct Block {
   // Large blocks: per stream, the mark after its latest use there
   // (copy_streams.h); a copy waits for the tail of a stream without one.
   std::vector<std::pair<CUstream, UseMark*>> marks;
+  // kEvicting: the mark right after its copy on the D2H stream, so that
+  // whoever finishes the eviction waits for that copy, not for the ones
+  // queued after it (copy_streams.h).
+  UseMark* departure = nullptr;
   bool large = false;
   bool live = false;
   Where where = Where::kDevice;

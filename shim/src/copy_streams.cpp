@@ -98,6 +98,24 @@ void CopyStreams::clear_mark(Block& b, CUstream s) {
     }
 }
 
+void CopyStreams::mark_departure(Block& b) {
+  clear_departure(b);
+  if ((b.departure = record_mark(d2h()))) ++b.departure->refs;
+}
+
+CUresult CopyStreams::departed(const Block& b) const {
+  return b.departure ? d_.cuEventQuery(b.departure->ev.get()) : d_.cuStreamQuery(d2h());
+}
+
+CUresult CopyStreams::wait_departure(const Block& b) {
+  return b.departure ? CU_CALL(d_, cuEventSynchronize, b.departure->ev.get()) : drain(d2h());
+}
+
+void CopyStreams::clear_departure(Block& b) {
+  if (b.departure) unref(b.departure);
+  b.departure = nullptr;
+}
+
 void CopyStreams::clear_marks(Block& b) {
   for (auto& [stream, m] : b.marks) unref(m);
   b.marks.clear();

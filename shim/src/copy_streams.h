@@ -65,6 +65,13 @@ class CopyStreams {
   // A prefetch's copy into `b` not yet swapped in (its mark on the H2D
   // stream), or null.
   const UseMark* arrival(const Block& b) const { return mark_of(b, h2d()); }
+  // An eviction's copy was just queued on the D2H stream: mark its end.
+  void mark_departure(Block& b);
+  // Whether that copy is done (query), or the host waits for it; the D2H
+  // stream's tail stands in for a mark that could not be recorded.
+  CUresult departed(const Block& b) const;
+  CUresult wait_departure(const Block& b);
+  void clear_departure(Block& b);
   size_t marks_in_use() const { return marks_.size() - free_marks_.size(); }
 
  private:

@@ -10,12 +10,12 @@ void Mover::start() {
 
 void Mover::round() {
   InternalCalls internal;  // its driver calls are spillway's, not the job's
-  Batch batch = begin_(done_.get());
-  if (batch.blocks.empty()) return;
-  // The copies run without the allocator's lock: allocations go on.
-  bool copied = batch.recorded && CU_CALL(d_, cuEventSynchronize, done_.get()) == CUDA_SUCCESS;
+  if (!begin_(done_.get())) return;
+  // The copies run without the allocator's lock: allocations go on. If the
+  // wait fails, end() finds which copies are done by itself.
+  CU_CALL(d_, cuEventSynchronize, done_.get());
   if (before_swap_) before_swap_();
-  end_(batch, copied);
+  end_();
 }
 
 }  // namespace spillway

@@ -19,15 +19,12 @@ namespace spillway {
 
 class Mover {
  public:
-  struct Batch {
-    std::vector<Block*> blocks;  // evictions started (kEvicting)
-    bool recorded = false;       // `done` was recorded after their copies
-  };
-  // begin(done): under the allocator's lock, start a batch and record `done`
-  // on the copy stream after it; an empty batch ends the round.
-  // end(batch, copied): under the lock, finish it.
-  using Begin = std::function<Batch(CUevent done)>;
-  using End = std::function<void(Batch& batch, bool copied)>;
+  // begin(done): under the allocator's lock, start a batch of evictions and
+  // record `done` on the copy stream after it; false: nothing to wait for,
+  // the round ends. end(): under the lock, finish the evictions whose copies
+  // are done (the job's thread may have finished some of them already).
+  using Begin = std::function<bool(CUevent done)>;
+  using End = std::function<void()>;
 
   Mover(const cu::Driver& d, Begin begin, End end, std::function<void()> before_swap)
       : d_(d),

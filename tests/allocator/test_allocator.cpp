@@ -948,6 +948,18 @@ class BackgroundTest : public AllocatorTest {
       v.push_back(a.malloc(2 * MiB, nullptr));
     for (void* p : v) a.free(p, 2 * MiB, nullptr);
   }
+  // A block of `size` bytes appended to `live`, filled from `seed0` plus its
+  // index there; null (and a failure) if it could not be allocated.
+  void* add_live(std::vector<Live>& live, uint64_t size, uint64_t seed0) {
+    void* p = allocator_->malloc(size, nullptr);
+    if (!p) {
+      ADD_FAILURE() << "allocation of " << size << " bytes failed";
+      return nullptr;
+    }
+    live.push_back({p, size, seed0 + live.size(), nullptr});
+    fill(p, size, live.back().seed, nullptr);
+    return p;
+  }
   void evicts_ahead_of_need() {
     const uint64_t budget = 32 * MiB;
     auto a = make(budget);
@@ -1014,10 +1026,8 @@ class BackgroundTest : public AllocatorTest {
     std::vector<Live> live;
     auto add_block = [&] {
       const size_t i = live.size();
-      void* p = allocator_->malloc(kSize, nullptr);
+      void* p = add_live(live, kSize, kSeed);
       ASSERT_NE(nullptr, p);
-      live.push_back({p, kSize, kSeed + i, nullptr});
-      fill(p, kSize, live.back().seed, nullptr);
       // Published after its fill is queued: the hook's fill comes after it.
       stale[i].store(allocator_->residency(p) == Allocator::Residency::kEvicting);
       mine[i].store(p);
@@ -1080,6 +1090,65 @@ TEST_F(BackgroundTest, AJobThatFitsTheBudgetExactlyMovesNothing) {
 
 TEST_F(BackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
   evicts_ahead_of_need();
+}
+
+TEST_F(BackgroundTest, AnAllocationShortOfRoomTakesTheEvictionsInFlight) {
+  // The mover's copies are done but not yet swapped (its hook runs between):
+  // an allocation that needs room then finishes those evictions and takes
+  // their memory. Evicting another block instead would queue its copy behind
+  // them and wait for all of it.
+  constexpr int kBlocks = 16, kMaxBlocks = 32;
+  constexpr uint64_t kSize = 2 * MiB, kBudget = 32 * MiB;
+  std::array<std::atomic<void*>, kMaxBlocks> mine{};
+  std::atomic<bool> ready{false};
+  std::atomic<int> in_flight{-1}, left{-1};
+  std::atomic<uint64_t> evicted{0};
+  std::atomic<void*> taken{nullptr};
+  auto evicting = [&] {
+    int n = 0;
+    for (const auto& m : mine)
+      if (void* v = m.load(); v && allocator_->residency(v) == Allocator::Residency::kEvicting) ++n;
+    return n;
+  };
+  hook_ = [&] {
+    if (in_flight.load() >= 0 || !ready.load()) return;
+    const int n = evicting();
+    if (n == 0) return;
+    const uint64_t before = allocator_->stats().blocks_evicted;
+    taken.store(allocator_->malloc(kSize, nullptr));
+    evicted.store(allocator_->stats().blocks_evicted - before);
+    left.store(evicting());
+    in_flight.store(n);
+  };
+  allocator_ = make(kBudget);
+  over_budget_once(*allocator_, kBudget);
+  std::vector<Live> live;
+  auto add_block = [&] {
+    const size_t i = live.size();
+    void* p = add_live(live, kSize, 9000);
+    ASSERT_NE(nullptr, p);
+    mine[i].store(p);
+  };
+  for (int i = 0; i < kBlocks; ++i) ASSERT_NO_FATAL_FAILURE(add_block());
+  ready.store(true);
+  // As in use_during_eviction_cancels: if the job's own allocations evicted
+  // (a slow run), one more block takes the live set back above the mark.
+  const uint64_t high = kBudget - kBudget / 20;
+  for (int i = 0; i < 10000 && in_flight.load() < 0; ++i) {
+    if (live.size() < kMaxBlocks && allocator_->stats().resident_bytes <= high) {
+      ASSERT_NO_FATAL_FAILURE(add_block());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(in_flight.load(), 1) << "the mover evicted none of this test's blocks in 10 s";
+  EXPECT_NE(nullptr, taken.load());
+  EXPECT_EQ(0, left.load()) << "the allocation left the evictions in flight";
+  EXPECT_EQ(static_cast<uint64_t>(in_flight.load()), evicted.load())
+      << "the allocation evicted other blocks than those in flight";
+  allocator_->free(taken.load(), kSize, nullptr);
+  for (const Live& l : live) check(l.p, l.size, l.seed, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  allocator_.reset();  // joins the background thread before the hook's captures go
 }
 
 TEST_F(ManagedBackgroundTest, EvictsAheadOfNeedAndKeepsEveryByte) {
