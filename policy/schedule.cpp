@@ -18,6 +18,8 @@ void ScheduleChooser::on_free(uint64_t id) {
   // which replaces this record.
   Tracked& l = it->second;
   if (l.keyed && recording_ && l.bytes) record_of(l).free = now();
+  if (l.keyed && !l.key.carried)
+    if (auto n = named_.find(l.prev_key); n != named_.end() && n->second == id) named_.erase(n);
   live_.erase(it);
 }
 
@@ -38,11 +40,22 @@ void ScheduleChooser::on_access(const Use& a) {
     it = live_.emplace(a.block, Tracked{Key{true, a.block}, true, launch, nullptr, 0, 0, false})
              .first;
   Tracked& l = it->second;
+  const uint64_t place = std::min<uint32_t>(pos_, 0xffff);
   if (!l.keyed) {
     // Its first use: the launch's index in the step and the block's place in
-    // it name the block in the next step.
-    l.key = Key{false, (uint64_t{at} << 16) | std::min<uint32_t>(pos_, 0xffff)};
+    // it name the block in the next step; in the previous one, the same
+    // place in its aligned launch.
+    l.key = Key{false, (uint64_t{at} << 16) | place};
+    l.prev_key = Key{false, (now_prev() << 16) | place};
     l.keyed = true;
+    named_[l.prev_key] = a.block;
+  }
+  if (launch != l.last_launch || l.nth == 0) {
+    // The nth use of a block live across both steps aligns them.
+    if (l.key.carried)
+      if (const std::vector<uint32_t>* u = predecessor_uses(l.key); u && l.nth < u->size())
+        offset_ = int64_t{(*u)[l.nth]} - int64_t{at};
+    ++l.nth;
   }
   l.last_launch = launch;
   l.bytes = std::max<uint64_t>(l.bytes, a.bytes);
@@ -83,6 +96,7 @@ void ScheduleChooser::on_step(uint64_t end) {
     if (recording_ && l.keyed && l.key.carried && !l.uses && l.bytes) record_of(l);
     Record* rec = std::exchange(l.uses, nullptr);  // cur_ is replaced below
     l.made = false;
+    l.nth = 0;
     if (l.keyed && l.key.carried) continue;
     const Key carried{true, id};
     if (rec && recording_)
@@ -95,12 +109,61 @@ void ScheduleChooser::on_step(uint64_t end) {
   prev_ = std::move(cur_);
   Uses().swap(cur_);
   have_prev_ = recording_;
+  named_.clear();  // every block live now is known by its id
+  scanned_ = 0;
+  offset_ = 0;
   recording_ = true;
   recorded_ = 0;
   const uint64_t e = std::max(end, last_launch_);
   prev_len_ = since_start(e);
   step_start_ = e;
   last_launch_ = e;
+  by_launch_.assign(have_prev_ ? prev_len_ + 1 : 0, {});
+  if (have_prev_)
+    for (const auto& [key, rec] : prev_)
+      for (uint32_t u : rec.uses)
+        if (u < by_launch_.size()) by_launch_[u].push_back(key);
+}
+
+std::vector<uint64_t> ScheduleChooser::choose_beyond(std::vector<Candidate> c, size_t need,
+                                                     uint64_t beyond) {
+  if (!have_prev_) return {};
+  std::vector<std::pair<uint64_t, Candidate>> ranked;  // (distance, candidate)
+  for (const Candidate& x : c) {
+    auto it = live_.find(x.id);
+    const uint64_t d = it == live_.end() ? kUnknown : next_use(it->second);
+    if (d != kUnknown && d > beyond) ranked.push_back({d, x});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : used_earlier(a.second, b.second);
+  });
+  c.clear();
+  for (const auto& r : ranked) c.push_back(r.second);
+  return first_covering(c, need);
+}
+
+void ScheduleChooser::upcoming(uint32_t ahead, std::vector<uint64_t>* ids) {
+  if (by_launch_.empty()) return;
+  const uint64_t t = now_prev();
+  const uint64_t to = t + ahead;
+  for (uint64_t q = std::max(scanned_, t) + 1; q <= to; ++q) {
+    // Past this step's length: launch q - prev_len_ of the next step, where
+    // only blocks known by their id are still the same blocks.
+    const bool next = q > prev_len_;
+    const uint64_t at = next ? q - prev_len_ : q;
+    if (at >= by_launch_.size()) break;
+    for (const Key& k : by_launch_[at]) {
+      if (k.carried) {
+        // The same block only if it is still known by its id (not a block
+        // made since at a freed one's address).
+        if (auto l = live_.find(k.number); l != live_.end() && l->second.key.carried)
+          ids->push_back(k.number);
+      } else if (!next) {
+        if (auto n = named_.find(k); n != named_.end()) ids->push_back(n->second);
+      }
+    }
+  }
+  scanned_ = std::max(scanned_, to);
 }
 
 const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) const {
@@ -150,9 +213,9 @@ uint64_t ScheduleChooser::next_use(uint64_t id) const {
 
 uint64_t ScheduleChooser::next_use(const Tracked& l) const {
   if (!have_prev_ || !l.keyed) return kUnknown;
-  const std::vector<uint32_t>* uses = predecessor_uses(l.key);
+  const std::vector<uint32_t>* uses = predecessor_uses(l.key.carried ? l.key : l.prev_key);
   if (!uses) return kUnknown;
-  const uint32_t t = now();
+  const uint64_t t = now_prev();
   if (auto u = std::upper_bound(uses->begin(), uses->end(), t); u != uses->end()) return *u - t;
   if (!l.key.carried) return kNever;
   return (prev_len_ > t ? prev_len_ - t : 0) + uses->front();

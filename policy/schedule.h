@@ -39,6 +39,11 @@ class ScheduleChooser final : public VictimChooser {
   void on_step(uint64_t end) override;
   void on_access(const Use& a) override;
   std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) override;
+  // Near a step's end the window reaches into the next step: blocks that
+  // live across steps are named for its first launches.
+  void upcoming(uint32_t ahead, std::vector<uint64_t>* ids) override;
+  std::vector<uint64_t> choose_beyond(std::vector<Candidate> candidates, size_t need,
+                                      uint64_t beyond) override;
 
   // Launches from now to the block's next predicted use. For a block made in
   // this step whose predecessor was used no more: kNever (it will likely be
@@ -92,6 +97,11 @@ class ScheduleChooser final : public VictimChooser {
     return static_cast<uint32_t>(launch - std::min(launch, step_start_));
   }
   uint32_t now() const { return since_start(last_launch_); }
+  // Now in the previous step's launch numbers (the steps aligned).
+  uint64_t now_prev() const {
+    const int64_t t = int64_t{now()} + offset_;
+    return t > 0 ? static_cast<uint64_t>(t) : 0;
+  }
   const std::vector<uint32_t>* predecessor_uses(const Key& k) const;
 
   struct Tracked {
@@ -104,15 +114,29 @@ class ScheduleChooser final : public VictimChooser {
     uint64_t bytes = 0;     // the largest use's size
     uint32_t alloc_at = 0;  // launches seen in its step before its allocation
     bool made = false;      // allocated in the current step
+    // A made block's name in the previous step: its first use's place moved
+    // by the steps' alignment then (`key` names it for the next step).
+    Key prev_key{};
+    uint32_t nth = 0;  // launches that used it in this step so far
   };
   uint64_t next_use(const Tracked& l) const;
   void record(Tracked& l, uint32_t at);
   Record& record_of(Tracked& l);
 
   std::unordered_map<uint64_t, Tracked> live_;  // by block id
-  uint64_t cur_launch_ = 0;                     // the launch of the latest access
-  uint32_t pos_ = 0;                            // ... and its place in that launch
-  uint32_t prev_len_ = 0;                       // launches in the previous step
+  // upcoming(): the previous step's uses by launch number (from 1), the
+  // blocks made in this step by the key their first use gave them, and the
+  // launch numbers of this step already named.
+  std::vector<std::vector<Key>> by_launch_;
+  std::unordered_map<Key, uint64_t, KeyHash> named_;
+  uint64_t scanned_ = 0;  // in the previous step's launch numbers
+  // The previous step's launch number less this one's at the latest use of
+  // a block live across both: steps whose launches differ in number (the
+  // first one creates the optimizer's state, say) stay aligned.
+  int64_t offset_ = 0;
+  uint64_t cur_launch_ = 0;  // the launch of the latest access
+  uint32_t pos_ = 0;         // ... and its place in that launch
+  uint32_t prev_len_ = 0;    // launches in the previous step
   Uses cur_, prev_;
   bool have_prev_ = false;
   bool recording_ = true;

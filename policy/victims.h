@@ -41,6 +41,17 @@ class VictimChooser {
   // Picks blocks whose eviction frees at least `need` bytes, in the order to
   // evict them; fewer if the candidates do not add up to `need`.
   virtual std::vector<uint64_t> choose(std::vector<Candidate> candidates, size_t need) = 0;
+  // Appends the live blocks predicted to be used within `ahead` launches of
+  // the latest access, each named once as the window reaches its use: what
+  // the allocator may prefetch. A chooser without predictions names none.
+  virtual void upcoming(uint32_t /*ahead*/, std::vector<uint64_t>* /*ids*/) {}
+  // As choose, but only blocks predicted to be used later than `beyond`
+  // launches from now (room for a prefetch must not cost a sooner use).
+  // A chooser without predictions picks none.
+  virtual std::vector<uint64_t> choose_beyond(std::vector<Candidate> /*candidates*/,
+                                              size_t /*need*/, uint64_t /*beyond*/) {
+    return {};
+  }
 };
 
 // Older use first (ties by id): least recent use's order, and the schedule's

@@ -343,20 +343,27 @@ size_t Allocator::release_cached(size_t want) {
 
 // ---- eviction -------------------------------------------------------------
 
-std::vector<Block*> Allocator::choose_victims(size_t want) {
+std::vector<Block*> Allocator::choose_victims(size_t want, uint64_t used_after) {
   std::vector<policy::Candidate> cands;
   for (auto& [p, b] : table_.live())
     if (b->large && b->where == Block::Where::kDevice && b->holds == 0)
       cands.push_back({p, b->cap, b->last_use});
   std::vector<Block*> victims;
-  for (uint64_t id : chooser_->choose(std::move(cands), want))
+  for (uint64_t id : used_after == kAnyUse
+                         ? chooser_->choose(std::move(cands), want)
+                         : chooser_->choose_beyond(std::move(cands), want, used_after))
     victims.push_back(table_.live_at(id));
   return victims;
 }
 
+uint64_t Allocator::evicting_bytes() const {
+  uint64_t bytes = 0;
+  for (const Block* b : evicting_) bytes += b->cancel ? 0 : b->cap;
+  return bytes;
+}
+
 size_t Allocator::evict_now(size_t want, Cause cause) {
-  uint64_t in_flight = 0;
-  for (const Block* b : evicting_) in_flight += b->cancel ? 0 : b->cap;
+  const uint64_t in_flight = evicting_bytes();
   if (in_flight < want) start_evictions(choose_victims(want - in_flight), cause);
   // Contract 1: device memory is given back only once its copy is done.
   return finish_departed(want, true);
@@ -447,8 +454,7 @@ bool Allocator::begin_background(CUevent done) {
   const uint64_t low = budget_.low();
   const uint64_t high = budget_.high();
   cascade([&] { return resident() > high ? resident() - low : 0; }, 0, nullptr, false);
-  uint64_t in_flight = 0;
-  for (const Block* b : evicting_) in_flight += b->cancel ? 0 : b->cap;
+  const uint64_t in_flight = evicting_bytes();
   if (resident() <= high + in_flight) return false;
   if (start_evictions(choose_victims(resident() - in_flight - low), Cause::kBudget).empty())
     return false;
@@ -581,8 +587,39 @@ bool Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   };
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [&](Block* b) { note_user(b, stream); });
+  if (o_.prefetch_launches && budget_.over_seen()) moved |= prefetch_upcoming(a.seq);
   if (moved) notify_memory();
   return held;
+}
+
+bool Allocator::prefetch_upcoming(uint64_t launch) {
+  named_.clear();
+  chooser_->upcoming(o_.prefetch_launches, &named_);
+  for (uint64_t id : named_) upcoming_.push_back({id, launch + o_.prefetch_launches});
+  while (!upcoming_.empty() && upcoming_.front().second <= launch) upcoming_.pop_front();
+  if (!evicting_.empty()) finish_departed(0, false);
+  // Soonest use first. A block stays listed until its use: one evicted again
+  // meanwhile is brought back again.
+  bool started = false;
+  for (const auto& [ptr, by] : upcoming_) {
+    Block* b = table_.live_at(ptr);
+    if (!b || !b->large || b->where != Block::Where::kHost) continue;
+    if (!ensure_context()) break;
+    // Free room only (pooled handles, cached blocks): a prefetch evicts
+    // nothing itself.
+    const CUresult r = prefetch_block(b);
+    started |= r == CUDA_SUCCESS;
+    if (r != CUDA_ERROR_OUT_OF_MEMORY) continue;  // started, or left to the use
+    // Room from blocks predicted to be used after this one: their copies are
+    // queued now and finished once done (by a later launch, an allocation or
+    // the mover); this block is tried again meanwhile.
+    const uint64_t short_by = excess(b->cap), going = evicting_bytes();
+    if (short_by > going)
+      start_evictions(choose_victims(short_by - going, by - launch), Cause::kBudget);
+    break;
+  }
+  if (started && mover_ && resident() > budget_.high()) mover_->wake();
+  return started;
 }
 
 void Allocator::hold(const Touch* touches, size_t n) {

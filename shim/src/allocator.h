@@ -48,6 +48,9 @@ struct AllocatorOptions {
   uint64_t host_budget = 0;  // bytes
   uint64_t min_block = 1ull << 20;
   bool evict = true;  // false in SPILLWAY_MODE=off: caching only
+  // Launches ahead of their predicted use at which evicted blocks are
+  // prefetched (policy/victims.h, upcoming), into free room only; 0: never.
+  uint32_t prefetch_launches = 0;
   // SPILLWAY_MODE=managed. Needs CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
   // without it, one warning and caching only, as in host mode without
   // host-memory VMM.
@@ -144,7 +147,12 @@ class Allocator final : public AccessSink, private DeviceRoom {
     return budget_.excess(resident() + backing_->added_by(need));
   }
   size_t release_cached(size_t want);
-  std::vector<Block*> choose_victims(size_t want);
+  // Blocks whose eviction frees `want` bytes, as the policy ranks them; only
+  // those predicted to be used later than `used_after` launches from now
+  // unless it is kAnyUse.
+  static constexpr uint64_t kAnyUse = UINT64_MAX;
+  std::vector<Block*> choose_victims(size_t want, uint64_t used_after = kAnyUse);
+  uint64_t evicting_bytes() const;  // device bytes of the evictions in flight
   // Frees `want` device bytes by eviction now, the host waiting only until
   // they are freed: the copies already in flight first (they are ahead in
   // the D2H queue), new victims only for what those do not cover.
@@ -159,6 +167,11 @@ class Allocator final : public AccessSink, private DeviceRoom {
   size_t finish_departed(size_t want, bool wait, const Block* until = nullptr);
   CUresult restore_block(Block* b, Cause cause, const CUstream* consumer);
   CUresult prefetch_block(Block* b);
+  // The policy's upcoming blocks that are on the host, prefetched while
+  // there is room (a prefetch never evicts); the mover is woken to make
+  // more. Those that found none are tried again at the next launches, until
+  // their predicted use.
+  bool prefetch_upcoming(uint64_t launch);
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
@@ -191,6 +204,10 @@ class Allocator final : public AccessSink, private DeviceRoom {
   uint64_t tick_ = 0;
   std::vector<uintptr_t> arriving_;  // prefetches in flight, oldest first
   std::deque<Block*> evicting_;      // evictions in flight, in D2H queue order
+  // prefetch_upcoming: blocks named by the policy, and the launch by which
+  // each is used (past it, the launch restored it on demand).
+  std::deque<std::pair<uintptr_t, uint64_t>> upcoming_;
+  std::vector<uint64_t> named_;
   Counter live_, resident_, host_;
   Stats s_;  // event counts; levels and peaks come from the counters
 };

@@ -69,6 +69,17 @@ std::string set_policy(const std::string& v, Config* c) {
   return {};
 }
 
+std::string set_prefetch(const std::string& v, Config* c) {
+  // A count of launches: digits only (no sign, no unit), up to a million.
+  constexpr const char* kForms = "a number of launches from 0 (off) to 1000000, e.g. 64";
+  if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos)
+    return kForms;
+  const unsigned long n = std::strtoul(v.c_str(), nullptr, 10);
+  if (n > 1000000) return kForms;
+  c->prefetch_launches = static_cast<uint32_t>(n);
+  return {};
+}
+
 std::string set_log_level(const std::string& v, Config* c) {
   static constexpr std::pair<const char*, LogLevel> kLevels[] = {
       {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
@@ -139,6 +150,7 @@ const std::vector<Variable>& variables() {
       {"SPILLWAY_HOST_BUDGET", set_host_budget},
       {"SPILLWAY_MIN_BLOCK", set_min_block},
       {"SPILLWAY_POLICY", set_policy},
+      {"SPILLWAY_PREFETCH", set_prefetch},
       {"SPILLWAY_LOG_LEVEL", set_log_level},
       {"SPILLWAY_LOG_FILE", set_log_file},
       {"SPILLWAY_STATS", set_stats_file},

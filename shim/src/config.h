@@ -23,6 +23,9 @@ struct Config {
   SizeSpec host_budget;  // unset: half of physical host memory
   uint64_t min_block = 1ull << 20;
   Policy policy = Policy::kSchedule;  // SPILLWAY_POLICY
+  // SPILLWAY_PREFETCH: an evicted block the learned schedule predicts to be
+  // used within this many launches is brought back now (0: off).
+  uint32_t prefetch_launches = 64;
   LogLevel log_level = LogLevel::kInfo;
   std::string log_file;     // empty: stderr
   std::string stats_file;   // SPILLWAY_STATS

@@ -248,6 +248,8 @@ Allocator* Runtime::allocator(int device) {
   o.device = device;
   o.min_block = cfg_.min_block;
   o.evict = cfg_.mode != Mode::kOff;
+  // Predictions need every launch's accesses.
+  o.prefetch_launches = tracker_ ? cfg_.prefetch_launches : 0;
   o.managed = cfg_.mode == Mode::kManaged;
   // Evicting ahead of need is safe only when every access is seen.
   o.background = tracker_ != nullptr;

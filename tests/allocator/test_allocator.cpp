@@ -113,6 +113,7 @@ class AllocatorTest : public ::testing::Test {
     o.gpu_budget = budget;
     o.host_budget = host_budget;
     o.min_block = min_block;
+    o.prefetch_launches = prefetch_launches_;
     o.observer = &observed_;
     std::string why;
     auto a = Allocator::create(*driver_, o, &why);
@@ -184,7 +185,8 @@ class AllocatorTest : public ::testing::Test {
   Observed observed_;
   Kernels k_;
   bool background_ = false;
-  bool managed_ = false;  // SPILLWAY_MODE=managed
+  bool managed_ = false;            // SPILLWAY_MODE=managed
+  uint32_t prefetch_launches_ = 0;  // SPILLWAY_PREFETCH
   std::function<void()> hook_;
   std::unique_ptr<Allocator> allocator_;
 };
@@ -643,6 +645,63 @@ TEST_F(ScheduleTest, FromTheSecondStepTheBlockUsedFurthestAheadIsEvicted) {
   EXPECT_EQ('B', step(*a, 0)) << "no schedule yet: least recently used";
   EXPECT_EQ('A', step(*a, 1));
   EXPECT_EQ('A', step(*a, 2));
+}
+
+// Prefetch by the learned schedule (AllocatorOptions::prefetch_launches, 8
+// here): each step uses A at launch 1 and 21 and C at every launch between.
+// In the second step A is evicted after launch 1; it comes back when the
+// window reaches its next use (at launch 13) and launch 21 finds it arrived:
+// no restore on demand, every byte kept.
+TEST_F(AllocatorTest, AnEvictedBlockComesBackAheadOfItsPredictedUse) {
+  constexpr size_t kSize = 4 * MiB;
+  prefetch_launches_ = 8;
+  auto a = make(4 * kSize);
+  ASSERT_NE(nullptr, a);
+  void* blk[2] = {a->malloc(kSize, nullptr), a->malloc(kSize, nullptr)};  // A, C
+  for (int i = 0; i < 2; ++i) fill(blk[i], kSize, 900u + static_cast<uint64_t>(i), nullptr);
+  {  // over the budget once: the policy acts from then on
+    void* z[3];
+    for (void*& p : z) p = a->malloc(kSize, nullptr);
+    for (void* p : z) a->free(p, kSize, nullptr);
+  }
+  uint64_t seq = 0;
+  auto touch = [&](int i) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
+    const spillway::Touch t{lo, lo + kSize};
+    spillway::Access acc;
+    acc.seq = ++seq;
+    a->before_use(acc, &t, 1);
+    check(blk[i], kSize, 900u + static_cast<uint64_t>(i), nullptr);
+    a->release(&t, 1);
+  };
+  std::vector<Allocator::Residency> where;  // A's, after each launch of step 2
+  for (int step = 0; step < 2; ++step) {
+    touch(0);
+    if (step == 1) {
+      ASSERT_CU(a->evict(blk[0]));
+    }
+    for (int l = 2; l <= 20; ++l) {
+      touch(1);
+      if (step == 1) where.push_back(a->residency(blk[0]));
+    }
+    const uint64_t on_demand = observed_.bytes(false, spillway::Cause::kOnDemand);
+    const uint64_t used = a->stats().prefetches_used;
+    touch(0);
+    if (step == 1) {
+      EXPECT_EQ(on_demand, observed_.bytes(false, spillway::Cause::kOnDemand))
+          << "A was restored on demand";
+      EXPECT_EQ(used + 1, a->stats().prefetches_used);
+    }
+    a->mark_step(seq);
+  }
+  ASSERT_EQ(19u, where.size());
+  for (size_t l = 2; l <= 20; ++l)  // launch 13 is the first whose window holds launch 21
+    EXPECT_EQ(l < 13 ? Allocator::Residency::kHost : Allocator::Residency::kArriving, where[l - 2])
+        << "after launch " << l;
+  EXPECT_EQ(1u, observed_.bytes(false, spillway::Cause::kPrefetch) / kSize);
+  ASSERT_CU(cuStreamSynchronize(nullptr));
+  EXPECT_EQ(0u, mismatches());
+  for (void* p : blk) a->free(p, kSize, nullptr);
 }
 
 // Once under pressure, a launch's blocks are marked after it (an event on

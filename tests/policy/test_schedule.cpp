@@ -329,3 +329,59 @@ TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
   EXPECT_TRUE(p.fits);
   EXPECT_FALSE(p.moves.empty());
 }
+
+// The first step has launches the next ones do not (PyTorch's optimizer
+// creates its state then): its launch numbers are shifted against theirs.
+// The uses of blocks live across steps align them, for the predictions and
+// for the blocks named ahead of their use. Step 0: five launches of a
+// temporary T, then X at 6, Y at 10, X at 12. Step 1: X at 1, Y at 5, X at 7.
+TEST(ScheduleChooser, StepsOfDifferentLengthsAreAlignedByTheBlocksTheyShare) {
+  ScheduleChooser c;
+  Feeder f(c);
+  const uint64_t x = 1, y = 2, t = 3;
+  c.on_alloc(x);
+  c.on_alloc(y);
+  c.on_alloc(t);
+  for (int i = 0; i < 5; ++i) f.launch({t});
+  c.on_free(t);
+  f.launch({x});
+  for (int i = 7; i < 10; ++i) f.launch({});
+  f.launch({y});
+  f.launch({});
+  f.launch({x});
+  f.step();
+  f.launch({x});                 // its first use, launch 6 of step 0: step 1 runs 5 launches early
+  EXPECT_EQ(4u, c.next_use(y));  // launch 10 of step 0
+  EXPECT_EQ(6u, c.next_use(x));  // launch 12 of step 0
+  std::vector<uint64_t> named;
+  c.upcoming(4, &named);
+  EXPECT_EQ(std::vector<uint64_t>({y}), named) << "Y is used 4 launches from now";
+  named.clear();
+  c.upcoming(4, &named);
+  EXPECT_TRUE(named.empty()) << "a block is named once as the window reaches its use";
+  // Only a block used further ahead than the one a prefetch is for may go.
+  EXPECT_EQ(std::vector<uint64_t>({x}), c.choose_beyond(candidates({x, y}), kMiB, 4));
+  EXPECT_TRUE(c.choose_beyond(candidates({x, y}), kMiB, 6).empty());
+}
+
+// Near a step's end the window reaches the next step: a block live across
+// steps is named for its first use there.
+TEST(ScheduleChooser, TheWindowReachesIntoTheNextStepForCarriedBlocks) {
+  ScheduleChooser c;
+  Feeder f(c);
+  const uint64_t w = 1, a = 2;
+  c.on_alloc(w);
+  f.launch({w});  // 1
+  c.on_alloc(a);
+  f.launch({a});  // 2
+  f.launch({});   // 3
+  f.launch({a});  // 4
+  f.step();
+  f.launch({w});
+  f.launch({w});
+  std::vector<uint64_t> named;
+  c.upcoming(3, &named);  // launches 3, 4 of this step and 1 of the next
+  EXPECT_EQ(std::vector<uint64_t>({a, w}), named);
+  EXPECT_EQ(3u, c.next_use(w));
+  EXPECT_TRUE(c.choose_beyond(candidates({w}), kMiB, 3).empty());
+}

@@ -170,6 +170,17 @@ TEST(ShimConfig, PolicyScheduleByDefaultLruOnRequestAndBadValuesRefused) {
   for (const char* v : {"", "LRU", "belady", "schedule "}) refused("SPILLWAY_POLICY", v, "or lru");
 }
 
+TEST(ShimConfig, PrefetchIsALaunchCountOnByDefault) {
+  const Parsed none = parse({});
+  ASSERT_TRUE(none.cfg.has_value()) << none.error;
+  EXPECT_EQ(64u, none.cfg->prefetch_launches);
+  EXPECT_EQ(0u, accepted("SPILLWAY_PREFETCH", "0").prefetch_launches);
+  EXPECT_EQ(16u, accepted("SPILLWAY_PREFETCH", "16").prefetch_launches);
+  EXPECT_EQ(1000000u, accepted("SPILLWAY_PREFETCH", "1000000").prefetch_launches);
+  for (const char* v : {"", "-1", "+8", "1000001", "64 ", "8k", "1e3", "on", "99999999"})
+    refused("SPILLWAY_PREFETCH", v, "a number of launches from 0 (off) to 1000000");
+}
+
 TEST(ShimConfig, BudgetSizesAccepted) {
   for (const char* var : kSizeVars) {
     for (const SizeCase& c : kValidSizes) {
