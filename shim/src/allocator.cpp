@@ -80,8 +80,8 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   if (o.background && a->o_.evict && a->budget_.room_for_background()) {
     Allocator* p = a.get();
     a->mover_ = std::make_unique<Mover>(
-        d, [p](CUevent done) { return p->begin_background(done); }, [p] { p->end_background(); },
-        o.before_swap);
+        d, [p](CUevent done) { return p->begin_background(done); },
+        [p] { return p->end_background(); }, o.before_swap);
     a->mover_->start();
   }
   return a;
@@ -139,7 +139,8 @@ void* Allocator::malloc(size_t size, CUstream stream) {
   if (size == 0) return nullptr;
   std::lock_guard lk(mu_);
   cache_.process_pending();
-  if (!arriving_.empty()) finish_prefetches();
+  // With a mover, the swaps are its remaps; without, an allocation does them.
+  if (!mover_ && !arriving_.empty()) finish_prefetches();
   void* p = size < o_.min_block ? malloc_small(size, stream) : malloc_large(size, stream);
   if (!p) {
     ++s_.ooms;
@@ -440,34 +441,49 @@ CUresult Allocator::evict(const void* ptr) {
 
 // ---- the background mover's round -----------------------------------------
 
-bool Allocator::begin_background(CUevent done) {
+CUevent Allocator::begin_background(CUevent spare) {
   std::lock_guard lk(mu_);
   // The mover's thread makes the context current once.
-  if (!mover_has_context_ && !(mover_has_context_ = ensure_context())) return false;
+  if (!mover_has_context_ && !(mover_has_context_ = ensure_context())) return nullptr;
   cache_.process_pending();
   if (!arriving_.empty()) finish_prefetches();
   if (!evicting_.empty()) finish_departed(0, false);
-  if (resident() <= budget_.high() || !budget_.over_seen()) return false;
-  // Down to the low watermark, cheapest first as make_room; live blocks only
-  // if the cheap steps leave it above the high one. Copies still in flight
-  // count as gone.
-  const uint64_t low = budget_.low();
-  const uint64_t high = budget_.high();
-  cascade([&] { return resident() > high ? resident() - low : 0; }, 0, nullptr, false);
-  const uint64_t in_flight = evicting_bytes();
-  if (resident() <= high + in_flight) return false;
-  if (start_evictions(choose_victims(resident() - in_flight - low), Cause::kBudget).empty())
-    return false;
-  return CU_CALL(d_, cuEventRecord, done, streams_->d2h()) == CUDA_SUCCESS;
+  if (resident() > budget_.high() && budget_.over_seen()) {
+    // Down to the low watermark, cheapest first as make_room; live blocks
+    // only if the cheap steps leave it above the high one. Copies still in
+    // flight count as gone.
+    const uint64_t low = budget_.low();
+    const uint64_t high = budget_.high();
+    cascade([&] { return resident() > high ? resident() - low : 0; }, 0, nullptr, false);
+    const uint64_t in_flight = evicting_bytes();
+    if (resident() > high + in_flight)
+      start_evictions(choose_victims(resident() - in_flight - low), Cause::kBudget);
+  }
+  // The oldest copy in flight: evictions first, they free device memory.
+  CUstream tail = nullptr;
+  if (!evicting_.empty()) {
+    waited_ = streams_->keep_departure(*evicting_.front());
+    tail = streams_->d2h();
+  } else if (!arriving_.empty()) {
+    if (Block* b = table_.live_at(arriving_.front())) waited_ = streams_->keep_arrival(*b);
+    tail = streams_->h2d();
+  } else {
+    return nullptr;
+  }
+  if (waited_) return waited_->ev.get();
+  return CU_CALL(d_, cuEventRecord, spare, tail) == CUDA_SUCCESS ? spare : nullptr;
 }
 
-void Allocator::end_background() {
+bool Allocator::end_background() {
   std::lock_guard lk(mu_);
-  finish_departed(0, false);
+  if (waited_) streams_->let_go(std::exchange(waited_, nullptr));
+  if (!arriving_.empty()) finish_prefetches();
+  if (!evicting_.empty()) finish_departed(0, false);
   const uint64_t low = budget_.low();
   if (resident() > low) dev_.trim(resident() - low);
   notify_memory();
   ++s_.background_batches;
+  return !evicting_.empty() || !arriving_.empty();
 }
 
 // ---- uses and restores ----------------------------------------------------
@@ -597,7 +613,6 @@ bool Allocator::prefetch_upcoming(uint64_t launch) {
   chooser_->upcoming(o_.prefetch_launches, &named_);
   for (uint64_t id : named_) upcoming_.push_back({id, launch + o_.prefetch_launches});
   while (!upcoming_.empty() && upcoming_.front().second <= launch) upcoming_.pop_front();
-  if (!evicting_.empty()) finish_departed(0, false);
   // Soonest use first. A block stays listed until its use: one evicted again
   // meanwhile is brought back again.
   bool started = false;
@@ -618,7 +633,8 @@ bool Allocator::prefetch_upcoming(uint64_t launch) {
       start_evictions(choose_victims(short_by - going, by - launch), Cause::kBudget);
     break;
   }
-  if (started && mover_ && resident() > budget_.high()) mover_->wake();
+  // The mover finishes the copies (the swaps are its remaps, not the job's).
+  if (mover_ && (started || !evicting_.empty())) mover_->wake();
   return started;
 }
 

@@ -175,8 +175,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
-  bool begin_background(CUevent done);
-  void end_background();
+  CUevent begin_background(CUevent spare);
+  bool end_background();
+  UseMark* waited_ = nullptr;  // the mark the mover waits for, kept out of the pool
 
   // Device physical memory held: the pool's handles (live, cached, pooled
   // blocks and small chunks) and what the backing holds beyond them.

@@ -67,7 +67,7 @@ UseMark* CopyStreams::record_mark(CUstream s) {
   return m;
 }
 
-const UseMark* CopyStreams::mark_of(const Block& b, CUstream s) const {
+UseMark* CopyStreams::mark_of(const Block& b, CUstream s) const {
   for (const auto& [stream, m] : b.marks)
     if (stream == s) return m;
   return nullptr;

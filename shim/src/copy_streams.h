@@ -72,10 +72,20 @@ class CopyStreams {
   CUresult departed(const Block& b) const;
   CUresult wait_departure(const Block& b);
   void clear_departure(Block& b);
+  // The mark at the end of `b`'s eviction copy, or of its prefetch copy,
+  // kept out of the pool for a waiter without the allocator's lock (the
+  // mover), who lets it go when done; null if it has none.
+  UseMark* keep_departure(const Block& b) { return keep(b.departure); }
+  UseMark* keep_arrival(const Block& b) { return keep(mark_of(b, h2d())); }
+  void let_go(UseMark* m) { unref(m); }
   size_t marks_in_use() const { return marks_.size() - free_marks_.size(); }
 
  private:
-  const UseMark* mark_of(const Block& b, CUstream s) const;
+  UseMark* mark_of(const Block& b, CUstream s) const;
+  static UseMark* keep(UseMark* m) {
+    if (m) ++m->refs;
+    return m;
+  }
   void unref(UseMark* m);
 
   const cu::Driver& d_;

@@ -10,12 +10,13 @@ void Mover::start() {
 
 void Mover::round() {
   InternalCalls internal;  // its driver calls are spillway's, not the job's
-  if (!begin_(done_.get())) return;
+  CUevent oldest = begin_(spare_.get());
+  if (!oldest) return;
   // The copies run without the allocator's lock: allocations go on. If the
   // wait fails, end() finds which copies are done by itself.
-  CU_CALL(d_, cuEventSynchronize, done_.get());
+  CU_CALL(d_, cuEventSynchronize, oldest);
   if (before_swap_) before_swap_();
-  end_();
+  if (end_()) worker_.wake();
 }
 
 }  // namespace spillway

@@ -1,8 +1,10 @@
 // The background mover: evicts ahead of need from its own thread when
 // resident memory nears the budget, so that allocations rarely wait for an
-// eviction copy themselves. A batch is chosen and its copies queued under the
-// allocator's lock (`begin`), the copies run and are waited for without it,
-// and the swap to host memory happens under the lock again (`end`).
+// eviction copy themselves, and finishes the copies in flight (evictions and
+// prefetches, whoever started them) so that the job's thread rarely remaps.
+// Under the allocator's lock a batch is chosen and its copies queued
+// (`begin`); the oldest copy in flight is waited for without it, one at a
+// time, and what is done is swapped under the lock again (`end`).
 #pragma once
 
 #include <cuda.h>
@@ -19,16 +21,19 @@ namespace spillway {
 
 class Mover {
  public:
-  // begin(done): under the allocator's lock, start a batch of evictions and
-  // record `done` on the copy stream after it; false: nothing to wait for,
-  // the round ends. end(): under the lock, finish the evictions whose copies
-  // are done (the job's thread may have finished some of them already).
-  using Begin = std::function<bool(CUevent done)>;
-  using End = std::function<void()>;
+  // begin(spare): under the allocator's lock, finish what is done, start a
+  // batch of evictions if memory is near the budget, and return the event
+  // that marks the end of the oldest copy in flight (`spare`, recorded by
+  // begin, where it has none), or null: nothing in flight, the round ends.
+  // end(): under the lock, finish what is done now (the job's thread may
+  // have finished some of it already); true if copies are still in flight,
+  // and the next round follows at once.
+  using Begin = std::function<CUevent(CUevent spare)>;
+  using End = std::function<bool()>;
 
   Mover(const cu::Driver& d, Begin begin, End end, std::function<void()> before_swap)
       : d_(d),
-        done_(d),
+        spare_(d),
         begin_(std::move(begin)),
         end_(std::move(end)),
         before_swap_(std::move(before_swap)) {}
@@ -44,7 +49,7 @@ class Mover {
   void round();
 
   const cu::Driver& d_;
-  Event done_;
+  Event spare_;
   Begin begin_;
   End end_;
   std::function<void()> before_swap_;  // test seam: after the copies, before the swap
