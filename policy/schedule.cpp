@@ -120,9 +120,9 @@ void ScheduleChooser::on_step(uint64_t end) {
   last_launch_ = e;
   by_launch_.assign(have_prev_ ? prev_len_ + 1 : 0, {});
   if (have_prev_)
-    for (const auto& [key, rec] : prev_)
-      for (uint32_t u : rec.uses)
-        if (u < by_launch_.size()) by_launch_[u].push_back(key);
+    for (const auto& entry : prev_)  // prev_ stays as it is until the next step
+      for (uint32_t u : entry.second.uses)
+        if (u < by_launch_.size()) by_launch_[u].push_back(&entry);
 }
 
 std::vector<uint64_t> ScheduleChooser::choose_beyond(std::vector<Candidate> c, size_t need,
@@ -152,7 +152,8 @@ void ScheduleChooser::upcoming(uint32_t ahead, std::vector<uint64_t>* ids) {
     const bool next = q > prev_len_;
     const uint64_t at = next ? q - prev_len_ : q;
     if (at >= by_launch_.size()) break;
-    for (const Key& k : by_launch_[at]) {
+    for (const Uses::value_type* entry : by_launch_[at]) {
+      const Key& k = entry->first;
       if (k.carried) {
         // The same block only if it is still known by its id (not a block
         // made since at a freed one's address).

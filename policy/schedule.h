@@ -31,7 +31,9 @@ class ScheduleChooser final : public VictimChooser {
   // learned and the choice is least recent use: what bounds memory in a job
   // whose steps are huge or never marked.
   static constexpr size_t kKeyUnits = 16;
-  static constexpr size_t kDefaultMaxUnits = size_t{1} << 22;  // about 16 MiB
+  // About 16 MiB of record; the previous step's index by launch (upcoming)
+  // adds 8 bytes a use, so at most about 48 MiB in all.
+  static constexpr size_t kDefaultMaxUnits = size_t{1} << 22;
   explicit ScheduleChooser(size_t max_units = kDefaultMaxUnits) : max_units_(max_units) {}
 
   void on_alloc(uint64_t id) override;
@@ -127,7 +129,7 @@ class ScheduleChooser final : public VictimChooser {
   // upcoming(): the previous step's uses by launch number (from 1), the
   // blocks made in this step by the key their first use gave them, and the
   // launch numbers of this step already named.
-  std::vector<std::vector<Key>> by_launch_;
+  std::vector<std::vector<const Uses::value_type*>> by_launch_;  // into prev_
   std::unordered_map<Key, uint64_t, KeyHash> named_;
   uint64_t scanned_ = 0;  // in the previous step's launch numbers
   // The previous step's launch number less this one's at the latest use of

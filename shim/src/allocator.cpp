@@ -626,8 +626,8 @@ bool Allocator::prefetch_upcoming(uint64_t launch) {
     started |= r == CUDA_SUCCESS;
     if (r != CUDA_ERROR_OUT_OF_MEMORY) continue;  // started, or left to the use
     // Room from blocks predicted to be used after this one: their copies are
-    // queued now and finished once done (by a later launch, an allocation or
-    // the mover); this block is tried again meanwhile.
+    // queued now and finished once done (by the mover, or an allocation that
+    // needs the room first); this block is tried again at the next launches.
     const uint64_t short_by = excess(b->cap), going = evicting_bytes();
     if (short_by > going)
       start_evictions(choose_victims(short_by - going, by - launch), Cause::kBudget);
