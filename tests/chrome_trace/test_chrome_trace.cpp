@@ -440,11 +440,16 @@ TEST(ChromeTraceWriter, ProducersNeverWaitForAStalledWriter) {
   EXPECT_GT(c.events_dropped, 0u);
   EXPECT_LE(c.ring_peak, lim.ring_events);
   EXPECT_LE(c.spill_peak, lim.spill_events);
-  // Unstall the writer, then close: the end event reports the drops.
+  // Unstall the writer, then close: the end event reports the drops. The
+  // reading end is opened here, before finish(): opened by the thread after
+  // a finish() that had already closed the writing end (a writer that was
+  // not stalled, a slow run), open(2) of the FIFO would wait for a writer
+  // forever.
   std::string data;
+  const int fd = ::open(path.c_str(), O_RDONLY);  // the writer has it open: no wait
+  EXPECT_GE(fd, 0);
   std::thread drain([&] {
-    const int fd = ::open(path.c_str(), O_RDONLY);  // blocking now, until the writer closes
-    char buf[65536];
+    char buf[65536];  // blocking reads, until the writer closes
     for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
       data.append(buf, static_cast<size_t>(n));
     ::close(fd);

@@ -221,9 +221,13 @@ TEST(Record, TheCallersNeverWriteTheFile) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(kAllocs, done.load()) << "a caller waited for the file";
   // Unstall (also what lets a failing run end), then read the record back.
+  // The reading end is opened before close(): opened after a close() that
+  // had already closed the writing end, open(2) of the FIFO would wait for a
+  // writer forever.
   const std::string copy = path + ".copy";
+  const int fd = ::open(path.c_str(), O_RDONLY);  // the writer has it open: no wait
+  EXPECT_GE(fd, 0);
   std::thread drain([&] {
-    const int fd = ::open(path.c_str(), O_RDONLY);
     const int out = ::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     char buf[65536];
     for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
