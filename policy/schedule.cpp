@@ -128,18 +128,7 @@ void ScheduleChooser::on_step(uint64_t end) {
 std::vector<uint64_t> ScheduleChooser::choose_beyond(std::vector<Candidate> c, size_t need,
                                                      uint64_t beyond) {
   if (!have_prev_) return {};
-  std::vector<std::pair<uint64_t, Candidate>> ranked;  // (distance, candidate)
-  for (const Candidate& x : c) {
-    auto it = live_.find(x.id);
-    const uint64_t d = it == live_.end() ? kUnknown : next_use(it->second);
-    if (d != kUnknown && d > beyond) ranked.push_back({d, x});
-  }
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : used_earlier(a.second, b.second);
-  });
-  c.clear();
-  for (const auto& r : ranked) c.push_back(r.second);
-  return first_covering(c, need);
+  return furthest_first(std::move(c), need, beyond);
 }
 
 void ScheduleChooser::upcoming(uint32_t ahead, std::vector<uint64_t>* ids) {
@@ -224,12 +213,19 @@ uint64_t ScheduleChooser::next_use(const Tracked& l) const {
 
 std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t need) {
   if (!have_prev_) return LruChooser().choose(std::move(c), need);
+  return furthest_first(std::move(c), need, kUnknown);
+}
+
+std::vector<uint64_t> ScheduleChooser::furthest_first(std::vector<Candidate> c, size_t need,
+                                                      uint64_t beyond) const {
   std::vector<std::pair<uint64_t, Candidate>> ranked;  // (distance, candidate)
   ranked.reserve(c.size());
   for (const Candidate& x : c) {
     auto it = live_.find(x.id);
     uint64_t d = it == live_.end() ? kUnknown : next_use(it->second);
-    if (d == kUnknown) {
+    if (beyond != kUnknown) {
+      if (d == kUnknown || d <= beyond) continue;  // only predicted uses after `beyond`
+    } else if (d == kUnknown) {
       // No prediction: as long as it has gone unused, a guess that ranks it
       // among the predicted ones (least recently used goes first).
       d = it == live_.end() ? 0 : last_launch_ - std::min(last_launch_, it->second.last_launch);
@@ -239,7 +235,8 @@ std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t n
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : used_earlier(a.second, b.second);
   });
-  for (size_t i = 0; i < ranked.size(); ++i) c[i] = ranked[i].second;
+  c.clear();
+  for (const auto& r : ranked) c.push_back(r.second);
   return first_covering(c, need);
 }
 

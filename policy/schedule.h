@@ -122,6 +122,10 @@ class ScheduleChooser final : public VictimChooser {
     uint32_t nth = 0;  // launches that used it in this step so far
   };
   uint64_t next_use(const Tracked& l) const;
+  // Candidates by next predicted use, furthest first, then first_covering;
+  // with `beyond` (not kUnknown) only those predicted used after it.
+  std::vector<uint64_t> furthest_first(std::vector<Candidate> c, size_t need,
+                                       uint64_t beyond) const;
   void record(Tracked& l, uint32_t at);
   Record& record_of(Tracked& l);
 
