@@ -72,7 +72,8 @@ class Backing {
   // True: the block now lives on the host and its device memory is given
   // back; false: it stays on the device (cancelled, or a step failed).
   virtual bool finish_evict(Block* b, bool copied) = 0;
-  // A use on `consumer` (null: a hold) cancels the eviction in flight.
+  // A use on `consumer` (null: a hold) cancels the eviction in flight; the
+  // use waits for its copy, which may still read the device copy.
   virtual void cancel_evict(Block* b, const CUstream* consumer) = 0;
   // Makes an evicted block resident again; `consumer` (if not null) waits
   // for it in stream order, else the host waits.

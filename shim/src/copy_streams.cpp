@@ -111,6 +111,12 @@ CUresult CopyStreams::wait_departure(const Block& b) {
   return b.departure ? CU_CALL(d_, cuEventSynchronize, b.departure->ev.get()) : drain(d2h());
 }
 
+CUresult CopyStreams::order_after_departure(CUstream waiter, const Block& b) {
+  if (departed(b) == CUDA_SUCCESS) return CUDA_SUCCESS;
+  if (!b.departure) return order_after(waiter, d2h());
+  return CU_CALL(d_, cuStreamWaitEvent, waiter, b.departure->ev.get(), 0);
+}
+
 void CopyStreams::clear_departure(Block& b) {
   if (b.departure) unref(b.departure);
   b.departure = nullptr;

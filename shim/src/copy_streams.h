@@ -71,6 +71,10 @@ class CopyStreams {
   // stream's tail stands in for a mark that could not be recorded.
   CUresult departed(const Block& b) const;
   CUresult wait_departure(const Block& b);
+  // `waiter` waits for that copy in stream order (nothing queued if it is
+  // done already): a use that cancels an eviction must not write the device
+  // copy while the copy still reads it.
+  CUresult order_after_departure(CUstream waiter, const Block& b);
   void clear_departure(Block& b);
   // The mark at the end of `b`'s eviction copy, or of its prefetch copy,
   // kept out of the pool for a waiter without the allocator's lock (the

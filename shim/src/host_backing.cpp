@@ -119,8 +119,17 @@ class HostBacking final : public Backing {
     return swapped;
   }
 
-  void cancel_evict(Block*, const CUstream*) override {
-    // Its device memory is still mapped and current: keeping it is all.
+  void cancel_evict(Block* b, const CUstream* consumer) override {
+    // Its device memory is still mapped and current: it stays. But the copy
+    // may still be reading it, and the use may write it: the use waits for
+    // the copy (on the GPU; the host for a holder without a stream), else
+    // the two race (the copy's result is dropped, but a write concurrent
+    // with a read is a data race all the same: seen by ThreadSanitizer in
+    // the simulator, where copies and kernels are threads).
+    const CUresult r = consumer && p_.streams.not_capturing(*consumer) == CUDA_SUCCESS
+                           ? p_.streams.order_after_departure(*consumer, *b)
+                           : p_.streams.wait_departure(*b);
+    if (r != CUDA_SUCCESS) p_.streams.wait_departure(*b);
   }
 
   CUresult restore(Block* b, const CUstream* /*consumer*/) override {
