@@ -54,8 +54,11 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   d.cuDeviceGet(&dev, o.device);
   d.cuDeviceTotalMem(&total, dev);
   // VA is cheap: room for the device's memory four times over, so evicted
-  // blocks (which keep their addresses) never exhaust it.
-  r = a->arena_.reserve(std::max<size_t>(4 * total, 64ull << 30));
+  // blocks (which keep their addresses) never exhaust it, and for twice the
+  // host memory spillway may hold: each host handle is also mapped at a
+  // staging address of its own (vmm.h).
+  const uint64_t host = o.host_budget ? o.host_budget : 4 * uint64_t{total};
+  r = a->arena_.reserve(std::max<uint64_t>(4 * uint64_t{total} + 2 * host, 64ull << 30));
   if (r != CUDA_SUCCESS) {
     *why = "cuMemAddressReserve failed: " + cu::describe(d, r);
     return nullptr;

@@ -49,9 +49,11 @@ struct Block {
   bool live = false;
   Where where = Where::kDevice;
   bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
-  // Host backing: the physical handles behind it, and the scratch mapping of
-  // the copy in flight (kEvicting: the host copy; kArriving: the device one).
+  // Host backing: the physical handles behind it; the host handle's staging
+  // address (vmm.h: mapped for as long as the handle is held, the eviction
+  // copy's destination); and kArriving: the device copy's staging mapping.
   CUmemGenericAllocationHandle dev = 0, host = 0;
+  uintptr_t host_va = 0;
   uintptr_t scratch = 0;
   uint64_t last_use = 0;
   uint32_t holds = 0;            // graphs, collectives, pins: not evicted while > 0

@@ -25,8 +25,10 @@ CUmemAllocationProp host_prop(const cu::Driver& d, int device) {
 
 class HostBacking final : public Backing {
  public:
+  // Host handles are staged (vmm.h): an eviction's copy goes to the host
+  // handle's own mapping, so starting one maps nothing.
   HostBacking(const BackingParts& p, bool evicts)
-      : p_(p), host_(p.d, host_prop(p.d, p.device)), evicts_(evicts) {}
+      : p_(p), host_(p.d, host_prop(p.d, p.device), &p.arena, p.device), evicts_(evicts) {}
 
   bool evicts() const override { return evicts_; }
 
@@ -62,58 +64,47 @@ class HostBacking final : public Backing {
       }
     }
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = host_.take(b->cap, &h);
+    uintptr_t stage = 0;
+    CUresult r = host_.take(b->cap, &h, &stage);
     if (r != CUDA_SUCCESS) {
       log::warn("host memory for eviction ({} bytes) unavailable: {}", b->cap,
                 cu::describe(p_.d, r));
       *failed = true;
       return Start::kStop;
     }
-    // The copy goes into host memory mapped at a scratch address, on the D2H
-    // stream, after everything already queued on the streams that use it.
-    uintptr_t scratch = p_.arena.take(b->cap);
-    if (!scratch || map_rw(p_.d, scratch, b->cap, h, p_.device) != CUDA_SUCCESS) {
-      if (scratch) p_.arena.give(scratch, b->cap);
-      host_.give(h, b->cap);
-      *failed = true;
-      return Start::kStop;
-    }
+    // The copy goes into the host handle's staging mapping, on the D2H
+    // stream, after the block's last use on each stream that used it.
     const CUstream d2h = p_.streams.d2h();
     if ((r = p_.streams.order_after_uses(d2h, *b)) != CUDA_SUCCESS ||
-        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, d2h)) != CUDA_SUCCESS) {
+        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, stage, b->ptr, b->size, d2h)) != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
-      CU_CALL(p_.d, cuMemUnmap, scratch, b->cap);
-      p_.arena.give(scratch, b->cap);
-      host_.give(h, b->cap);
+      // A copy queued before the failure must end before the handle is reused.
+      p_.streams.drain(d2h);
+      host_.give(h, b->cap, stage);
       *failed = true;
       return Start::kFailed;
     }
     b->where = Block::Where::kEvicting;
     b->host = h;
-    b->scratch = scratch;
+    b->host_va = stage;
     return Start::kStarted;
   }
 
   bool finish_evict(Block* b, bool copied) override {
     // Swap the block's address to its host copy, unless the eviction was
     // cancelled or a step fails: then the device memory, still mapped and
-    // intact, stays.
+    // intact, stays. The host handle keeps its staging mapping either way.
     bool swapped = false;
-    const bool scratch_unmapped = CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS;
-    if (copied && scratch_unmapped && !b->cancel &&
-        CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
+    if (copied && !b->cancel && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
       swapped = map_rw(p_.d, b->ptr, b->cap, b->host, p_.device) == CUDA_SUCCESS;
       if (!swapped) map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device);  // put the device memory back
     }
-    if (scratch_unmapped) p_.arena.give(b->scratch, b->cap);  // else leak VA rather than alias it
-    b->scratch = 0;
     if (swapped) {
       p_.dev.give(b->dev, b->cap);
       b->dev = 0;
       b->where = Block::Where::kHost;
     } else {
-      host_.give(b->host, b->cap);
-      b->host = 0;
+      give_host(b);
       b->where = Block::Where::kDevice;
     }
     return swapped;
@@ -154,8 +145,7 @@ class HostBacking final : public Backing {
     bool unmapped = ok && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
     if (unmapped && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
       p_.arena.give(scratch, b->cap);
-      host_.give(b->host, b->cap);
-      b->host = 0;
+      give_host(b);
       b->dev = h;
       b->where = Block::Where::kDevice;
       return CUDA_SUCCESS;
@@ -223,8 +213,7 @@ class HostBacking final : public Backing {
       unmapped = CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
     }
     if (unmapped && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS) {
-      host_.give(b->host, b->cap);
-      b->host = 0;
+      give_host(b);
       p_.streams.clear_mark(*b, p_.streams.h2d());
       b->where = Block::Where::kDevice;
       return true;
@@ -245,7 +234,7 @@ class HostBacking final : public Backing {
   bool release(Block* b) override {
     if (CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
     if (b->where == Block::Where::kHost)
-      host_.give(b->host, b->cap);
+      give_host(b);
     else
       p_.dev.give(b->dev, b->cap);
     p_.arena.give(b->ptr, b->cap);
@@ -262,7 +251,7 @@ class HostBacking final : public Backing {
       CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
       if (b->scratch) CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap);
       if (b->dev) p_.dev.give(b->dev, b->cap);
-      if (b->host) host_.give(b->host, b->cap);
+      if (b->host) host_.give(b->host, b->cap, b->host_va);
     }
   }
 
@@ -272,6 +261,13 @@ class HostBacking final : public Backing {
   uint64_t host_reserved() const override { return host_.held() - host_.pooled(); }
 
  private:
+  // The host handle back to its pool, its staging mapping kept.
+  void give_host(Block* b) {
+    host_.give(b->host, b->cap, b->host_va);
+    b->host = 0;
+    b->host_va = 0;
+  }
+
   // kArriving -> kHost, its copy done: the device copy and its staging
   // mapping go back.
   void drop_device_copy(Block* b) {

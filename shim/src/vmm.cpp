@@ -67,24 +67,44 @@ PhysPool::~PhysPool() {
   trim(SIZE_MAX);
 }
 
-CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out) {
+CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out, uintptr_t* va) {
   auto it = free_.find(size);
   if (it != free_.end() && !it->second.empty()) {
-    *out = it->second.back();
+    *out = it->second.back().h;
+    if (va) *va = it->second.back().va;
     it->second.pop_back();
     pooled_ -= size;
     return CUDA_SUCCESS;
   }
   CUresult r = CU_CALL(d_, cuMemCreate, out, size, &prop_, 0);
   if (r != CUDA_SUCCESS) return r;
+  uintptr_t stage = 0;
+  if (stage_in_) {
+    stage = stage_in_->take(size);
+    r = stage ? map_rw(d_, stage, size, *out, device_) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (r != CUDA_SUCCESS) {
+      if (stage) stage_in_->give(stage, size);
+      CU_CALL(d_, cuMemRelease, *out);
+      return r;
+    }
+  }
+  if (va) *va = stage;
   held_ += size;
   ++creates_;
   return CUDA_SUCCESS;
 }
 
-void PhysPool::give(CUmemGenericAllocationHandle h, size_t size) {
-  free_[size].push_back(h);
+void PhysPool::give(CUmemGenericAllocationHandle h, size_t size, uintptr_t va) {
+  free_[size].push_back({h, va});
   pooled_ += size;
+}
+
+void PhysPool::release(const Pooled& p, size_t size) {
+  // A staging mapping that cannot be undone keeps its handle (and VA): the
+  // handle is not released under a live mapping.
+  if (p.va && CU_CALL(d_, cuMemUnmap, p.va, size) != CUDA_SUCCESS) return;
+  if (p.va) stage_in_->give(p.va, size);
+  CU_CALL(d_, cuMemRelease, p.h);
 }
 
 size_t PhysPool::trim(size_t want, size_t keep) {
@@ -93,7 +113,7 @@ size_t PhysPool::trim(size_t want, size_t keep) {
     auto& v = it->second;
     const size_t floor = it->first == keep ? 1 : 0;
     while (v.size() > floor && freed < want) {
-      CU_CALL(d_, cuMemRelease, v.back());
+      release(v.back(), it->first);
       v.pop_back();
       freed += it->first;
     }

@@ -584,6 +584,43 @@ TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
   }
 }
 
+// Host memory stays mapped at a staging address of its own while spillway
+// holds it (vmm.h, staged pool): once a block's host memory is pooled, its
+// next eviction maps nothing to start its copy, and the swap is the block's
+// own remap alone (one unmap, one map, one access grant), where a scratch
+// mapping made and undone per eviction cost three calls more.
+TEST_F(AllocatorTest, AnEvictionIntoPooledHostMemoryMapsNothingButTheSwap) {
+  auto a = make(8 * MiB);
+  ASSERT_NE(nullptr, a);
+  void* x = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, x);
+  fill(x, 4 * MiB, 42, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(a->evict(x));  // the host memory is made (and staged) here
+  ASSERT_CU(a->restore(x, nullptr));
+  ASSERT_EQ(Allocator::Residency::kDevice, a->residency(x));
+  struct Counts {
+    uint64_t create, map, unmap, access;
+  };
+  auto counts = [] {
+    return Counts{simcuda_call_count("cuMemCreate"), simcuda_call_count("cuMemMap"),
+                  simcuda_call_count("cuMemUnmap"), simcuda_call_count("cuMemSetAccess")};
+  };
+  const Counts before = counts();
+  ASSERT_CU(a->evict(x));
+  const Counts after = counts();
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(x));
+  EXPECT_EQ(0u, after.create - before.create);
+  EXPECT_EQ(1u, after.map - before.map);
+  EXPECT_EQ(1u, after.unmap - before.unmap);
+  EXPECT_EQ(1u, after.access - before.access);
+  check(x, 4 * MiB, 42, nullptr);  // through the host mapping
+  ASSERT_CU(a->restore(x, nullptr));
+  check(x, 4 * MiB, 42, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(x, 4 * MiB, nullptr);
+}
+
 // Contract 3: a block used on another stream is not reused until that
 // stream's work on it is done. The access tracker reports such uses through
 // note_use (PyTorch's record_stream never reaches a pluggable allocator).
