@@ -223,6 +223,7 @@ def check_a(gpu, args):
     words = size // 4
     va = gpu.reserve(size, g)
     scratch = gpu.reserve(size, g)
+    stage = gpu.reserve(size, g)
     steps = []
     ok = True
     fns = gpu.kernels()
@@ -260,22 +261,26 @@ def check_a(gpu, args):
     gpu.write(va, data)
     data = touch("device memory", data)
 
-    # evict, as spillway does: copy into host memory mapped at a scratch address, then swap
+    # evict, as spillway does: copy into host memory mapped at a staging address of
+    # its own (which stays mapped while spillway holds the memory: vmm.h, staged
+    # pool), then swap: the host memory is mapped at two addresses at once
     hhost, r, t_create = gpu.create(size, hprop)
     m["host_create_result"] = d.error_name(r)
     m["host_create_ms"] = round(t_create * 1e3, 3)
     if hhost is None:
         return "FAIL", m, notes + [f"cuMemCreate(HOST_NUMA id {numa}) returned {d.error_name(r)}"]
-    gpu.map_rw(scratch, size, hhost)
-    d.check("cuMemcpyDtoD", scratch, va, size)
+    gpu.map_rw(stage, size, hhost)
+    d.check("cuMemcpyDtoD", stage, va, size)
     d.check("cuCtxSynchronize")
     t = time.perf_counter()
-    d.check("cuMemUnmap", scratch, size)
     d.check("cuMemUnmap", va, size)
     gpu.map_rw(va, size, hhost)
     m["swap_to_host_ms"] = round((time.perf_counter() - t) * 1e3, 3)
     d.check("cuMemRelease", hdev)
     data = touch("host memory at the same address", data)
+    staged_ok = gpu.read(stage, size) == data
+    steps.append(f"the same host memory through its staging address: {'intact' if staged_ok else 'DATA MISMATCH'}")
+    ok = ok and staged_ok
 
     # restore: new device memory at the scratch address, copy, swap back
     hdev2, r, t_dev = gpu.create(size, dprop)
@@ -290,12 +295,14 @@ def check_a(gpu, args):
     d.check("cuMemUnmap", va, size)
     gpu.map_rw(va, size, hdev2)
     m["swap_to_device_ms"] = round((time.perf_counter() - t) * 1e3, 3)
+    d.check("cuMemUnmap", stage, size)
     d.check("cuMemRelease", hhost)
     touch("device memory again", data)
     d.check("cuMemUnmap", va, size)
     d.check("cuMemRelease", hdev2)
     d.check("cuMemAddressFree", va, size)
     d.check("cuMemAddressFree", scratch, size)
+    d.check("cuMemAddressFree", stage, size)
     d.check("cuMemFree", tmp.value)
     m["steps"] = steps
     if not numa_vmm:
