@@ -9,6 +9,8 @@ CUDAPluggableAllocator) and does nothing harmful when there is none.
     spillway.enabled()                      # is spillway serving this process?
     spillway.stats()                        # the shim's counters (spillway_stats_json)
     spillway.memory_stats()                 # the same, under torch.cuda.memory_stats()'s key names
+    spillway.memory_summary()               # torch.cuda.memory_summary()'s table, human sizes
+    spillway.reset_peak_memory_stats()      # the peaks start again from now
     spillway.mark_step()                    # end of a training step
     with spillway.pinned(weight, (ptr, n)): # keep these blocks resident on the GPU
         ...
@@ -30,6 +32,8 @@ __all__ = [
     "max_memory_allocated",
     "memory_reserved",
     "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "memory_summary",
     "mark_step",
     "set_auto_mark_step",
     "pinned",
@@ -112,6 +116,9 @@ def _load():
         if hasattr(lib, "spillway_prefetch"):
             lib.spillway_prefetch.argtypes = [void_p, size_t]
             lib.spillway_prefetch.restype = ctypes.c_int
+        if hasattr(lib, "spillway_reset_peak_stats"):
+            lib.spillway_reset_peak_stats.argtypes = []
+            lib.spillway_reset_peak_stats.restype = None
         if hasattr(lib, "spillway_check_config"):
             lib.spillway_check_config.argtypes = [ctypes.c_char_p, size_t]
             lib.spillway_check_config.restype = ctypes.c_int
@@ -170,17 +177,19 @@ def stats():
         size = need + 64
 
 
-# torch.cuda.memory_stats() key -> how it is computed from stats().
-# docs/python.md explains each one and lists the keys that are absent.
+# torch.cuda.memory_stats() key -> how it is computed from stats(); the
+# "spillway." keys are what PyTorch's allocator has no counter for.
+# docs/python.md explains each one and lists the keys that are absent. Peaks
+# are PyTorch's: since the last reset_peak_memory_stats.
 _MEMORY_STATS = {
     "allocated_bytes.all.current": lambda s: s["live_bytes"],
-    "allocated_bytes.all.peak": lambda s: s["peak_live_bytes"],
+    "allocated_bytes.all.peak": lambda s: s["recent_peak_live_bytes"],
     "requested_bytes.all.current": lambda s: s["live_bytes"],
-    "requested_bytes.all.peak": lambda s: s["peak_live_bytes"],
+    "requested_bytes.all.peak": lambda s: s["recent_peak_live_bytes"],
     "active_bytes.all.current": lambda s: s["live_bytes"],
-    "active_bytes.all.peak": lambda s: s["peak_live_bytes"],
+    "active_bytes.all.peak": lambda s: s["recent_peak_live_bytes"],
     "reserved_bytes.all.current": lambda s: s["resident_bytes"],
-    "reserved_bytes.all.peak": lambda s: s["peak_resident_bytes"],
+    "reserved_bytes.all.peak": lambda s: s["recent_peak_resident_bytes"],
     "reserved_bytes.small_pool.current": lambda s: s["small_pool_bytes"],
     "allocation.all.allocated": lambda s: s["mallocs"],
     "allocation.all.freed": lambda s: s["frees"],
@@ -188,6 +197,15 @@ _MEMORY_STATS = {
     "num_alloc_retries": lambda s: s["cached_releases"],
     "num_ooms": lambda s: s["ooms"],
     "num_device_alloc": lambda s: s["device_creates"],
+    "spillway.budget_bytes": lambda s: s["budget_bytes"],
+    "spillway.host_bytes.current": lambda s: s["host_bytes"],
+    "spillway.host_bytes.peak": lambda s: s["peak_host_bytes"],
+    "spillway.evicted_bytes": lambda s: s["bytes_evicted"],
+    "spillway.evicted_blocks": lambda s: s["blocks_evicted"],
+    "spillway.restored_bytes": lambda s: s["bytes_restored"],
+    "spillway.restored_blocks": lambda s: s["blocks_restored"],
+    "spillway.evictions_cancelled": lambda s: s["evictions_cancelled"],
+    "spillway.prefetches_used": lambda s: s["prefetches_used"],
 }
 
 
@@ -227,6 +245,91 @@ def memory_reserved(device=None):
 def max_memory_reserved(device=None):
     """Peak device memory spillway held: never above the budget."""
     return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device=None):
+    """The peaks of memory_stats() start again from the current levels.
+
+    torch.cuda.reset_peak_memory_stats's counterpart (spillway_reset_peak_stats):
+    max_memory_allocated() and max_memory_reserved() then report the peaks since
+    this call. The process's own peaks (stats()'s peak_* keys, the exit summary)
+    stay. No-op when spillway is not enabled.
+    """
+    del device
+    lib = _load()
+    if lib is not None and not _gave_up and hasattr(lib, "spillway_reset_peak_stats"):
+        lib.spillway_reset_peak_stats()
+
+
+def _format_size(n):
+    """A size as a person reads it: '   512 B  ', '   5.0 MiB', '  12.3 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return "%6d %-3s" % (n, unit) if unit == "B" else "%6.1f %-3s" % (n, unit)
+        n /= 1024.0
+
+
+def _format_count(n):
+    """A count: '    37   ', '   1.2 K ', '   3.4 M '."""
+    for unit in ("", "K", "M"):
+        if n < 1000 or unit == "M":
+            return "%6d %-2s" % (n, unit) if unit == "" else "%6.1f %-2s" % (n, unit)
+        n /= 1000.0
+
+
+def memory_summary(device=None, abbreviated=False):
+    """torch.cuda.memory_summary()'s table from spillway's counters, sizes in KiB/MiB/GiB.
+
+    Rows as PyTorch's where the meaning is the same (allocated, reserved: the
+    device memory spillway holds, allocations), then what spillway adds: host
+    memory, bytes evicted and restored, the budget. `abbreviated` is accepted
+    for compatibility (the table is always short). "" when spillway is not
+    enabled.
+    """
+    del abbreviated
+    if not enabled():
+        return ""
+    s = stats()
+    m = memory_stats(device)
+    width = 75
+    rule = "|" + "=" * width + "|"
+    thin = "|" + "-" * width + "|"
+
+    def center(text):
+        return "|" + text.center(width) + "|"
+
+    def row(metric, cur, peak, total, freed, fmt):
+        cells = [metric.ljust(21)] + [(fmt(v) if v is not None else "").rjust(10)
+                                      for v in (cur, peak, total, freed)]
+        return "| " + " | ".join(cells) + " |"
+
+    budget = s["budget_bytes"]
+    lines = [
+        rule,
+        center("spillway CUDA memory summary, device ID %s" % (0 if device is None else device)),
+        thin,
+        center("CUDA OOMs: %d  |  cached blocks released: %d  |  budget: %s" % (
+            s["ooms"], s["cached_releases"], _format_size(budget).strip() if budget else "none")),
+        rule,
+        "| " + " | ".join(["Metric".center(21)] + [h.center(10) for h in (
+            "Cur Usage", "Peak Usage", "Tot Moved", "Tot Back")]) + " |",
+        thin,
+        row("Allocated memory", m["allocated_bytes.all.current"], m["allocated_bytes.all.peak"],
+            None, None, _format_size),
+        row("GPU reserved memory", m["reserved_bytes.all.current"], m["reserved_bytes.all.peak"],
+            None, None, _format_size),
+        row("Host memory (evicted)", s["host_bytes"], s["peak_host_bytes"], None, None,
+            _format_size),
+        row("Evicted / restored", None, None, s["bytes_evicted"], s["bytes_restored"], _format_size),
+        thin,
+        row("Allocations", m["allocation.all.current"], None, m["allocation.all.allocated"],
+            m["allocation.all.freed"], _format_count),
+        row("Blocks evicted", None, None, s["blocks_evicted"], s["blocks_restored"], _format_count),
+        rule,
+        center("sizes summed over this process's devices; peaks since the last reset"),
+        rule,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def mark_step():

@@ -18,7 +18,14 @@ When `torch` finishes importing, once per process:
      call raises: exactly one SpillwayWarning, and the job runs on PyTorch's
      own allocator;
   4. a global optimizer step post-hook marks steps (spillway_mark_step), see
-     _on_optimizer_step.
+     _on_optimizer_step;
+  5. torch.cuda's memory functions (memory_allocated, max_memory_allocated,
+     memory_reserved, max_memory_reserved, memory_stats,
+     reset_peak_memory_stats, memory_summary and the deprecated
+     reset_max_memory_*) are pointed at spillway's counters: under a pluggable
+     allocator PyTorch's raise, and scripts that log memory would break;
+  6. one warning if PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) is set:
+     its settings are for the allocator spillway replaces.
 """
 
 import _thread
@@ -154,6 +161,43 @@ def on_torch_imported(torch):
         return
     installed = True
     _hook_optimizer_steps(torch, lib)
+    _point_memory_api_at_spillway(torch)
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        import os
+
+        if os.environ.get(name):
+            _warn("%s=%s is set, but its settings are for PyTorch's own CUDA allocator, which "
+                  "spillway replaces: they have no effect (spillway's settings are the SPILLWAY_* "
+                  "variables, docs/config.md)" % (name, os.environ[name]))
+            break
+
+
+# torch.cuda memory function -> spillway's (spillway/__init__.py).
+_MEMORY_API = {
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "memory_stats": "memory_stats",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_max_memory_allocated": "reset_peak_memory_stats",
+    "reset_max_memory_cached": "reset_peak_memory_stats",
+    "memory_summary": "memory_summary",
+}
+
+
+def _point_memory_api_at_spillway(torch):
+    """torch.cuda.<memory function> and torch.cuda.memory.<...> become spillway's."""
+    cuda = getattr(torch, "cuda", None)
+    for module in (cuda, getattr(cuda, "memory", None)):
+        if module is None:
+            continue
+        for name, ours in _MEMORY_API.items():
+            if hasattr(module, name):
+                try:
+                    setattr(module, name, getattr(spillway, ours))
+                except Exception:
+                    pass
 
 
 def _hook_optimizer_steps(torch, lib):

@@ -38,6 +38,12 @@ void spillway_mark_step(void);
  * not counting the NUL. spillway_stats_json(NULL, 0) asks for the length. */
 size_t spillway_stats_json(char* buf, size_t len);
 
+/* Starts the recent peaks (recent_peak_live_bytes, recent_peak_resident_bytes
+ * in the statistics) again from the current levels, as
+ * torch.cuda.reset_peak_memory_stats does for PyTorch's peaks. The process's
+ * peaks (peak_live_bytes, peak_resident_bytes: the exit summary's) stay. */
+void spillway_reset_peak_stats(void);
+
 /* Keeps the blocks under [ptr, ptr + size) resident on the device until
  * spillway_unpin is called with the same range: a block that is on the host is
  * brought back first. Pins nest; freeing a block drops its pins. Returns 0,

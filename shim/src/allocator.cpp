@@ -739,6 +739,13 @@ Allocator::Residency Allocator::residency(const void* ptr) {
 
 // ---- statistics -----------------------------------------------------------
 
+void Allocator::reset_recent_peaks() {
+  std::lock_guard lk(mu_);
+  note_resident();
+  resident_.reset_recent_peak();
+  live_.reset_recent_peak();
+}
+
 Stats Allocator::stats() {
   std::lock_guard lk(mu_);
   Stats s = s_;
@@ -746,6 +753,8 @@ Stats Allocator::stats() {
   s.peak_resident_bytes = resident_.peak;
   s.live_bytes = live_.value;
   s.peak_live_bytes = live_.peak;
+  s.recent_peak_resident_bytes = resident_.recent_peak;
+  s.recent_peak_live_bytes = live_.recent_peak;
   s.host_bytes = backing_->host_held();
   s.peak_host_bytes = host_.peak;
   // Everything behind live and cached blocks, on either side: fragmentation

@@ -114,6 +114,8 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void mark_step(uint64_t end);
 
   Stats stats();
+  // The recent peaks (Stats::recent_peak_*) start again from the levels now.
+  void reset_recent_peaks();
   // Stops the background mover (at exit: it must not outlive the logger and
   // the driver). Idempotent.
   void stop_background();

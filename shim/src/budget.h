@@ -15,13 +15,18 @@ namespace spillway {
 // statistics adaptor keeps them: `+=` raises the peak, so no caller keeps a
 // peak by hand.
 struct Counter {
-  uint64_t value = 0, peak = 0, total = 0;
+  // `peak` is the process's; `recent_peak` the peak since reset_recent_peak
+  // (torch.cuda.reset_peak_memory_stats), so that a job resetting it every
+  // step does not hide the process's peak from the exit summary.
+  uint64_t value = 0, peak = 0, total = 0, recent_peak = 0;
   Counter& operator+=(uint64_t n) {
     value += n;
     total += n;
     peak = std::max(peak, value);
+    recent_peak = std::max(recent_peak, value);
     return *this;
   }
+  void reset_recent_peak() { recent_peak = value; }
   Counter& operator-=(uint64_t n) {
     value -= n;
     return *this;
@@ -30,6 +35,7 @@ struct Counter {
   void set(uint64_t v) {
     value = v;
     peak = std::max(peak, value);
+    recent_peak = std::max(recent_peak, value);
   }
 };
 

@@ -314,6 +314,12 @@ Stats Runtime::stats() {
   return sum;
 }
 
+void Runtime::reset_recent_peaks() {
+  std::lock_guard lk(mu_);
+  for (auto& a : allocators_)
+    if (a) a->reset_recent_peaks();
+}
+
 void Runtime::report_at_exit() {
   {
     // The allocators live on (PyTorch may free during shutdown), but their

@@ -34,6 +34,8 @@ class Runtime final : public AccessSink {
 
   Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
   Stats stats();
+  // spillway_reset_peak_stats: every allocator's recent peaks.
+  void reset_recent_peaks();
   // A training step ended: the observers hear of it, each allocator's
   // policy turns its schedule.
   void mark_step();

@@ -49,6 +49,10 @@ ABI_EXPORT size_t spillway_stats_json(char* buf, size_t len) {
   return json.size();
 }
 
+ABI_EXPORT void spillway_reset_peak_stats(void) {
+  if (Runtime* rt = Runtime::peek()) rt->reset_recent_peaks();
+}
+
 namespace {
 int pin(const void* ptr, size_t size, bool on) {
   Runtime* rt = Runtime::peek();

@@ -66,13 +66,13 @@ print(json.dumps({"m": m, "keys": list(m), "raw": raw(),
     assert s["blocks_evicted"] >= 1  # the budget made it evict: the counters differ
     expected = {
         "allocated_bytes.all.current": s["live_bytes"],
-        "allocated_bytes.all.peak": s["peak_live_bytes"],
+        "allocated_bytes.all.peak": s["recent_peak_live_bytes"],
         "requested_bytes.all.current": s["live_bytes"],
-        "requested_bytes.all.peak": s["peak_live_bytes"],
+        "requested_bytes.all.peak": s["recent_peak_live_bytes"],
         "active_bytes.all.current": s["live_bytes"],
-        "active_bytes.all.peak": s["peak_live_bytes"],
+        "active_bytes.all.peak": s["recent_peak_live_bytes"],
         "reserved_bytes.all.current": s["resident_bytes"],
-        "reserved_bytes.all.peak": s["peak_resident_bytes"],
+        "reserved_bytes.all.peak": s["recent_peak_resident_bytes"],
         "reserved_bytes.small_pool.current": s["small_pool_bytes"],
         "allocation.all.allocated": s["mallocs"],
         "allocation.all.freed": s["frees"],
@@ -80,8 +80,20 @@ print(json.dumps({"m": m, "keys": list(m), "raw": raw(),
         "num_alloc_retries": s["cached_releases"],
         "num_ooms": s["ooms"],
         "num_device_alloc": s["device_creates"],
+        "spillway.budget_bytes": s["budget_bytes"],
+        "spillway.host_bytes.current": s["host_bytes"],
+        "spillway.host_bytes.peak": s["peak_host_bytes"],
+        "spillway.evicted_bytes": s["bytes_evicted"],
+        "spillway.evicted_blocks": s["blocks_evicted"],
+        "spillway.restored_bytes": s["bytes_restored"],
+        "spillway.restored_blocks": s["blocks_restored"],
+        "spillway.evictions_cancelled": s["evictions_cancelled"],
+        "spillway.prefetches_used": s["prefetches_used"],
     }
     assert m == expected
+    # No reset yet: the peaks are the process's.
+    assert (s["recent_peak_live_bytes"], s["recent_peak_resident_bytes"]) == (
+        s["peak_live_bytes"], s["peak_resident_bytes"])
     assert m["allocated_bytes.all.current"] == 8 * MiB + 512
     assert m["allocated_bytes.all.peak"] == 12 * MiB + 512
     assert m["reserved_bytes.all.peak"] <= 10 * MiB

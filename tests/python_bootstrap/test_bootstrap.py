@@ -185,3 +185,65 @@ def test_optimizer_steps_mark_steps_once_cuda_is_in_use(spw):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "3", "4"]
     assert [c["call"] for c in spw.calls()].count("register_optimizer_step_post_hook") == 1
+
+
+MEMORY_API = """
+import ctypes, json, torch, spillway
+lib = spillway._load()
+MiB = 1 << 20
+a = lib.spillway_malloc(4 * MiB, 0, None)
+b = lib.spillway_malloc(8 * MiB, 0, None)
+lib.spillway_free(b, 8 * MiB, 0, None)
+out = {"allocated": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated(),
+       "reserved": torch.cuda.memory_reserved(), "peak_reserved": torch.cuda.max_memory_reserved()}
+torch.cuda.reset_peak_memory_stats()
+out["peak_after_reset"] = torch.cuda.max_memory_allocated()
+out["same_in_memory_module"] = torch.cuda.memory.max_memory_allocated(0)
+torch.cuda.reset_max_memory_allocated()  # the deprecated spelling
+stats = torch.cuda.memory_stats()
+out["keys"] = sorted(stats)
+out["process_peak"] = spillway.stats()["peak_live_bytes"]
+out["summary"] = torch.cuda.memory_summary()
+print(json.dumps(out))
+"""
+
+
+def test_torchs_memory_functions_report_spillways_counters(spw):
+    r = spw.python(MEMORY_API, spw.environ(SPILLWAY_CUPTI="off", SPILLWAY_LOG_LEVEL="error"))
+    assert r.returncode == 0, r.stderr
+    assert warnings_in(r.stderr) == []
+    import json
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    MiB = 1 << 20
+    assert out["allocated"] == 4 * MiB
+    assert out["peak"] == 12 * MiB
+    assert out["reserved"] >= 4 * MiB and out["peak_reserved"] >= 12 * MiB
+    # The peak starts again from now; the process's own peak (the exit summary's) stays.
+    assert out["peak_after_reset"] == 4 * MiB
+    assert out["same_in_memory_module"] == 4 * MiB
+    assert out["process_peak"] == 12 * MiB
+    assert "allocated_bytes.all.current" in out["keys"]
+    assert "spillway.evicted_bytes" in out["keys"] and "spillway.host_bytes.peak" in out["keys"]
+    summary = out["summary"]
+    assert "spillway CUDA memory summary" in summary
+    assert "Allocated memory" in summary and "   4.0 MiB" in summary
+    assert "Evicted / restored" in summary
+
+
+def test_without_spillway_torchs_memory_functions_are_left_alone(spw):
+    # The library is not preloaded: nothing is installed, nothing is replaced.
+    r = spw.python("import torch\ntry:\n    torch.cuda.memory_allocated()\nexcept RuntimeError as e:\n"
+                   "    print('raised', 'getDeviceStats' in str(e))\n",
+                   spw.environ(preload=False))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["raised", "True"]
+
+
+def test_pytorch_cuda_alloc_conf_is_named_once_as_having_no_effect(spw):
+    r = spw.python("import torch\nimport importlib; importlib.reload(torch)\nprint('ok')",
+                   spw.environ(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]
+    w = warnings_in(r.stderr)
+    assert len(w) == 1, r.stderr
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in w[0] and "no effect" in w[0]

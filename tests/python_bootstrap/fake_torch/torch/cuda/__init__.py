@@ -14,3 +14,6 @@ def _lazy_init():
 
 
 from . import memory  # noqa: E402
+from .memory import (  # noqa: E402,F401  re-exported, as torch.cuda does
+    max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved, memory_stats,
+    memory_summary, reset_max_memory_allocated, reset_max_memory_cached, reset_peak_memory_stats)

@@ -21,3 +21,15 @@ def change_current_allocator(allocator):
 
 if os.environ.get("FAKE_TORCH_OLD") == "1":
     del CUDAPluggableAllocator
+
+
+# Under a pluggable allocator PyTorch's memory statistics raise (its
+# CUDAPluggableAllocator has none): what these stand-ins do.
+def _no_stats(*args, **kwargs):
+    raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats. If you need "
+                       "it, please file an issue describing your use case.")
+
+
+memory_allocated = max_memory_allocated = memory_reserved = max_memory_reserved = _no_stats
+memory_stats = reset_peak_memory_stats = memory_summary = _no_stats
+reset_max_memory_allocated = reset_max_memory_cached = _no_stats
