@@ -2,7 +2,9 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <utility>
 
 namespace spillway {
@@ -63,6 +65,20 @@ std::optional<SizeSpec> parse_size_or_percent(const std::string& text) {
   if (!b) return std::nullopt;
   s.bytes = *b;
   return s;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(units)) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
 }
 
 }  // namespace spillway

@@ -29,5 +29,7 @@ std::optional<SizeSpec> parse_size_or_percent(const std::string& text);
 // The length of the leading decimal number of `text` ("12.5" of "12.5GiB"),
 // its value in *value; 0 if there is none.
 size_t decimal_prefix(const std::string& text, double* value);
+// Bytes as a person reads them: "512 B", "4.0 KiB", "12.3 MiB", "40.0 GiB".
+std::string format_bytes(uint64_t bytes);
 
 }  // namespace spillway

@@ -4,6 +4,7 @@
 
 #include "log.h"
 #include "schedule.h"
+#include "size.h"
 
 namespace spillway {
 
@@ -147,6 +148,7 @@ void* Allocator::malloc(size_t size, CUstream stream) {
   void* p = size < o_.min_block ? malloc_small(size, stream) : malloc_large(size, stream);
   if (!p) {
     ++s_.ooms;
+    log::error("allocation of {} failed: {}", format_bytes(size), oom_cause(size));
     log_resident_set("allocation failed");
   }
   note_resident();
@@ -297,8 +299,8 @@ bool Allocator::make_room(size_t need, bool evict_live) {
   const uint64_t short_by = excess(need);
   // Without eviction, falling short is an answer, not a failure.
   if (short_by && evict_live)
-    log::warn("cannot fit {} bytes in the budget of {} bytes: {} bytes short", need, budget_.gpu(),
-              short_by);
+    log::warn("cannot fit {} in the GPU budget of {}: {} short", format_bytes(need),
+              format_bytes(budget_.gpu()), format_bytes(short_by));
   return short_by == 0;
 }
 
@@ -767,6 +769,42 @@ Stats Allocator::stats() {
   return s;
 }
 
+std::string Allocator::oom_cause(size_t size) {
+  // The limit that bound, from what is held now, and the setting to change.
+  uint64_t held = 0, movable = 0;
+  for (auto& [p, b] : table_.live()) {
+    if (!b->large || b->where != Block::Where::kDevice) continue;
+    (b->holds > 0 ? held : movable) += b->cap;
+  }
+  const uint64_t gpu = budget_.gpu(), host = budget_.host(), small = cache_.small_bytes();
+  if (!o_.evict || gpu == 0)
+    return "nothing can be evicted (SPILLWAY_MODE=off, or no host-memory VMM on this "
+           "device: docs/config.md), so the job needs more than the device has";
+  if (host && backing_->host_held() + std::min<uint64_t>(size, movable) > host)
+    return fmt::format(
+        "the host budget is full ({} of SPILLWAY_HOST_BUDGET={} holds evicted blocks), so "
+        "nothing more can be evicted: raise SPILLWAY_HOST_BUDGET",
+        format_bytes(backing_->host_held()), format_bytes(host));
+  if (small > gpu / 2)
+    return fmt::format(
+        "the small-block pool (blocks under SPILLWAY_MIN_BLOCK={}) holds {} of the GPU budget "
+        "of {} and cannot be evicted: lower SPILLWAY_MIN_BLOCK (say to 64KiB) so that more "
+        "blocks can move, or raise SPILLWAY_GPU_BUDGET",
+        format_bytes(o_.min_block), format_bytes(small), format_bytes(gpu));
+  if (movable == 0 && held > 0)
+    return fmt::format(
+        "every resident block is in use by queued work, a graph, a collective or a pin ({} "
+        "held): raise SPILLWAY_GPU_BUDGET, or pin less",
+        format_bytes(held));
+  if (excess(size) > 0)
+    return fmt::format(
+        "it does not fit in the GPU budget (SPILLWAY_GPU_BUDGET={}) beside what cannot move "
+        "(small-block pool {}, held blocks {}): raise SPILLWAY_GPU_BUDGET",
+        format_bytes(gpu), format_bytes(small), format_bytes(held));
+  return "the driver has no device memory for it (other processes or libraries hold the "
+         "rest of the device): lower SPILLWAY_GPU_BUDGET to what is free, or free the device";
+}
+
 void Allocator::log_resident_set(const char* why) {
   std::vector<Block*> res;
   size_t evicted = 0;
@@ -776,12 +814,13 @@ void Allocator::log_resident_set(const char* why) {
   }
   std::sort(res.begin(), res.end(), [](Block* a, Block* b) { return a->cap > b->cap; });
   log::error(
-      "{}: resident {} bytes of budget {}, {} live blocks ({} bytes live, {} evicted to "
-      "host), host {} of {} bytes, small pool {} bytes",
-      why, resident(), budget_.gpu(), table_.live().size(), live_.value, evicted,
-      backing_->host_held(), budget_.host(), cache_.small_bytes());
+      "{}: resident {} of the budget of {}, {} live blocks ({} live, {} evicted to the "
+      "host), host {} of {}, small-block pool {}",
+      why, format_bytes(resident()), format_bytes(budget_.gpu()), table_.live().size(),
+      format_bytes(live_.value), format_bytes(evicted), format_bytes(backing_->host_held()),
+      format_bytes(budget_.host()), format_bytes(cache_.small_bytes()));
   for (size_t i = 0; i < res.size() && i < 10; ++i)
-    log::error("  resident block {:#x}: {} bytes, stream {}", res[i]->ptr, res[i]->cap,
+    log::error("  resident block {:#x}: {}, stream {}", res[i]->ptr, format_bytes(res[i]->cap),
                static_cast<void*>(res[i]->stream));
 }
 

@@ -121,6 +121,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void stop_background();
   // Logs the resident set (largest blocks, totals): what a user needs after an OOM.
   void log_resident_set(const char* why);
+  // Why an allocation of `size` bytes failed: the limit that bound it and the
+  // setting to change (under the lock).
+  std::string oom_cause(size_t size);
 
  private:
   Allocator(const cu::Driver& d, const AllocatorOptions& o);

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "size.h"
+
 namespace spillway {
 
 void add_device(Stats* sum, const Stats& d) {
@@ -36,16 +38,16 @@ std::string to_json(const Stats& s, uint64_t steps) {
 }
 
 std::string summary_line(const Stats& s) {
-  auto mib = [](uint64_t b) { return static_cast<double>(b) / (1 << 20); };
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "peak resident %.1f MiB (budget %.1f MiB), evicted %llu blocks / %.1f MiB, "
-                "restored %llu blocks / %.1f MiB, host peak %.1f MiB, %llu OOM%s",
-                mib(s.peak_resident_bytes), mib(s.budget_bytes),
-                static_cast<unsigned long long>(s.blocks_evicted), mib(s.bytes_evicted),
-                static_cast<unsigned long long>(s.blocks_restored), mib(s.bytes_restored),
-                mib(s.peak_host_bytes), static_cast<unsigned long long>(s.ooms),
-                s.blind ? ", access tracking blind" : "");
+                "peak resident %s (budget %s), evicted %llu blocks / %s, restored %llu blocks / "
+                "%s, host peak %s, %llu OOM%s",
+                format_bytes(s.peak_resident_bytes).c_str(), format_bytes(s.budget_bytes).c_str(),
+                static_cast<unsigned long long>(s.blocks_evicted),
+                format_bytes(s.bytes_evicted).c_str(),
+                static_cast<unsigned long long>(s.blocks_restored),
+                format_bytes(s.bytes_restored).c_str(), format_bytes(s.peak_host_bytes).c_str(),
+                static_cast<unsigned long long>(s.ooms), s.blind ? ", access tracking blind" : "");
   return buf;
 }
 

@@ -562,11 +562,34 @@ TEST_F(ShimAbi, HostBudgetReachedReturnsNullAndLogsTheResidentSet) {
   EXPECT_EQ(counter(m, "blocks_evicted"), 1);
   EXPECT_LE(counter(m, "peak_host_bytes"), static_cast<long long>(4 * MiB));
   EXPECT_TRUE(contains(r.err, "host budget")) << r.err;
+  // The OOM line names the limit that bound and the setting to change, in human sizes.
+  EXPECT_TRUE(contains(r.err, "allocation of 4.0 MiB failed: the host budget is full")) << r.err;
+  EXPECT_TRUE(contains(r.err, "SPILLWAY_HOST_BUDGET=4.0 MiB")) << r.err;
+  EXPECT_TRUE(contains(r.err, "raise SPILLWAY_HOST_BUDGET")) << r.err;
   // The resident blocks are listed, by address.
   EXPECT_GE(
       count_lines_with(r.err, r.ptr('b').substr(2)) + count_lines_with(r.err, r.ptr('c').substr(2)),
       1u)
       << r.err;
+}
+
+// A budget filled by small blocks (under SPILLWAY_MIN_BLOCK, which never
+// move): a large allocation fails, and the OOM line says that the small-block
+// pool is what bound, and what to set (issue 15: a U-Net at 30% of its peak).
+TEST_F(ShimAbi, SmallBlocksFillingTheBudgetAreNamedInTheOomLine) {
+  std::vector<std::string> cmds;
+  const std::string small = sz(512 * 1024);
+  for (char s = 'a'; s <= 'p'; ++s) {  // 16 x 512 KiB: 8 MiB of small-block chunks
+    cmds.insert(cmds.end(), {"malloc", std::string(1, s), small});
+  }
+  cmds.insert(cmds.end(), {"malloc", "z", sz(4 * MiB), "stats"});
+  Child r = probe(cmds, {"SPILLWAY_GPU_BUDGET=8MiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.ptr('a'), "") << r.describe();
+  EXPECT_EQ(r.reply("malloc z"), "malloc z null") << r.describe();
+  EXPECT_TRUE(contains(r.err, "allocation of 4.0 MiB failed: the small-block pool")) << r.err;
+  EXPECT_TRUE(contains(r.err, "SPILLWAY_MIN_BLOCK=1.0 MiB")) << r.err;
+  EXPECT_TRUE(contains(r.err, "lower SPILLWAY_MIN_BLOCK")) << r.err;
 }
 
 // Issue 3, item 5: "if the device is truly full (other processes, the budget
@@ -720,7 +743,7 @@ TEST_F(ShimAbi, SummaryLineAndStatsFileAtExit) {
                   {"SPILLWAY_STATS=" + stats.string(), "SPILLWAY_GPU_BUDGET=1GiB"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   // 4 MiB block + one 2 MiB small-block chunk.
-  EXPECT_EQ(count_lines_with(r.err, "peak resident 6.0 MiB (budget 1024.0 MiB)"), 1u) << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "peak resident 6.0 MiB (budget 1.0 GiB)"), 1u) << r.err;
   ASSERT_TRUE(fs::exists(stats)) << r.describe();
   std::string json = read_file(stats);
   while (!json.empty() && json.back() == '\n') json.pop_back();

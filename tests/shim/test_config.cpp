@@ -365,6 +365,18 @@ TEST(ShimConfig, ParseBytesDirectly) {
   EXPECT_EQ(spillway::parse_bytes("-0"), std::nullopt);
 }
 
+TEST(ShimConfig, FormatBytesIsWhatAPersonReads) {
+  EXPECT_EQ(spillway::format_bytes(0), "0 B");
+  EXPECT_EQ(spillway::format_bytes(1023), "1023 B");
+  EXPECT_EQ(spillway::format_bytes(1024), "1.0 KiB");
+  EXPECT_EQ(spillway::format_bytes(12 * 1024 * 1024 + 300 * 1024), "12.3 MiB");
+  EXPECT_EQ(spillway::format_bytes(40 * GiB), "40.0 GiB");
+  EXPECT_EQ(spillway::format_bytes(3 * TiB / 2), "1.5 TiB");
+  EXPECT_EQ(spillway::format_bytes(UINT64_MAX), "16384.0 PiB");
+  // What it prints, the size parser reads back.
+  EXPECT_EQ(spillway::parse_bytes("40.0GiB"), 40 * GiB);
+}
+
 TEST(ShimConfig, EditDistance) {
   EXPECT_EQ(spillway::edit_distance("kitten", "sitting"), 3u);
   EXPECT_EQ(spillway::edit_distance("", "abc"), 3u);
