@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 namespace spillway {
@@ -32,6 +34,31 @@ void error(spdlog::format_string_t<A...> f, A&&... a) {
 template <class... A>
 void debug(spdlog::format_string_t<A...> f, A&&... a) {
   get().debug(f, std::forward<A>(a)...);
+}
+
+// One warning site that may fire again and again (a full host budget at
+// every allocation, say): logged the 1st, 2nd, 4th, 8th... time, each line
+// after the first saying how often it has occurred, so that a log is never
+// flooded and the count is never lost.
+class Repeats {
+ public:
+  // The number of this occurrence if it is to be logged, else 0.
+  uint64_t next() {
+    const uint64_t n = n_.fetch_add(1, std::memory_order_relaxed) + 1;
+    return (n & (n - 1)) == 0 ? n : 0;
+  }
+
+ private:
+  std::atomic<uint64_t> n_{0};
+};
+
+template <class... A>
+void warn_repeated(Repeats& r, spdlog::format_string_t<A...> f, A&&... a) {
+  const uint64_t n = r.next();
+  if (n == 1) get().warn(f, std::forward<A>(a)...);
+  if (n > 1)
+    get().warn("{} (seen {} times; repeats are logged at powers of two)",
+               fmt::format(f, std::forward<A>(a)...), n);
 }
 
 }  // namespace spillway::log

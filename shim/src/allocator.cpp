@@ -299,8 +299,8 @@ bool Allocator::make_room(size_t need, bool evict_live) {
   const uint64_t short_by = excess(need);
   // Without eviction, falling short is an answer, not a failure.
   if (short_by && evict_live)
-    log::warn("cannot fit {} in the GPU budget of {}: {} short", format_bytes(need),
-              format_bytes(budget_.gpu()), format_bytes(short_by));
+    log::warn_repeated(cannot_fit_, "cannot fit {} in the GPU budget of {}: {} short",
+                       format_bytes(need), format_bytes(budget_.gpu()), format_bytes(short_by));
   return short_by == 0;
 }
 
@@ -326,7 +326,8 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h, bo
   if (short_of_device && r == CUDA_SUCCESS && o_.observer)
     o_.observer->on_oom_avoided(o_.device, size, freed);
   if (r != CUDA_SUCCESS && evict_live)
-    log::warn("cuMemCreate({} bytes, device {}) failed: {}", size, o_.device, cu::describe(d_, r));
+    log::warn_repeated(create_failed_, "cuMemCreate({}, device {}) failed: {}", format_bytes(size),
+                       o_.device, cu::describe(d_, r));
   return r;
 }
 

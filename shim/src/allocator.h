@@ -32,6 +32,7 @@
 #include "block_table.h"
 #include "budget.h"
 #include "copy_streams.h"
+#include "log.h"
 #include "driver.h"
 #include "events.h"
 #include "mover.h"
@@ -215,6 +216,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::deque<std::pair<uintptr_t, uint64_t>> upcoming_;
   std::vector<uint64_t> named_;
   Counter live_, resident_, host_;
+  log::Repeats cannot_fit_, create_failed_;  // warnings that may fire at every allocation
   Stats s_;  // event counts; levels and peaks come from the counters
 };
 

@@ -4,6 +4,7 @@
 // slow, correct.
 #include "backing.h"
 #include "log.h"
+#include "size.h"
 
 namespace spillway {
 namespace {
@@ -58,8 +59,10 @@ class HostBacking final : public Backing {
       const size_t want = host_.held() + b->cap;
       if (want > host_budget) host_.trim(want - host_budget);
       if (host_.held() + b->cap > host_budget) {
-        log::warn("host budget of {} bytes reached: block {:#x} ({} bytes) stays on the device",
-                  host_budget, b->ptr, b->cap);
+        log::warn_repeated(host_full_,
+                           "host budget of {} reached (SPILLWAY_HOST_BUDGET): block {:#x} ({}) "
+                           "stays on the device",
+                           format_bytes(host_budget), b->ptr, format_bytes(b->cap));
         return Start::kStop;
       }
     }
@@ -67,8 +70,8 @@ class HostBacking final : public Backing {
     uintptr_t stage = 0;
     CUresult r = host_.take(b->cap, &h, &stage);
     if (r != CUDA_SUCCESS) {
-      log::warn("host memory for eviction ({} bytes) unavailable: {}", b->cap,
-                cu::describe(p_.d, r));
+      log::warn_repeated(host_unavailable_, "host memory for eviction ({}) unavailable: {}",
+                         format_bytes(b->cap), cu::describe(p_.d, r));
       *failed = true;
       return Start::kStop;
     }
@@ -281,6 +284,7 @@ class HostBacking final : public Backing {
   }
 
   BackingParts p_;
+  log::Repeats host_full_, host_unavailable_;
   PhysPool host_;
   const bool evicts_;
 };

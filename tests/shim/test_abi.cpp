@@ -573,6 +573,23 @@ TEST_F(ShimAbi, HostBudgetReachedReturnsNullAndLogsTheResidentSet) {
       << r.err;
 }
 
+// A full host budget fails every allocation that needs an eviction: its
+// warning is logged the 1st, 2nd, 4th and 8th time, with the count, not at
+// every allocation (issue 13: 17 times in 3 steps). Each OOM line stays.
+TEST_F(ShimAbi, AWarningRepeatedAtEveryAllocationIsLoggedAtPowersOfTwo) {
+  const std::string blk = sz(4 * MiB);
+  std::vector<std::string> cmds = {"malloc", "a", blk, "malloc", "b", blk, "malloc", "c", blk};
+  for (char s = 'd'; s <= 'k'; ++s) cmds.insert(cmds.end(), {"malloc", std::string(1, s), blk});
+  Child r = probe(cmds, {"SPILLWAY_GPU_BUDGET=8MiB", "SPILLWAY_HOST_BUDGET=4MiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  for (char s = 'd'; s <= 'k'; ++s)
+    EXPECT_EQ(r.reply(std::string("malloc ") + s), std::string("malloc ") + s + " null");
+  EXPECT_EQ(count_lines_with(r.err, "allocation of 4.0 MiB failed"), 8u) << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "host budget of 4.0 MiB reached"), 4u) << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "(seen 8 times; repeats are logged at powers of two)"), 2u)
+      << r.err;  // the host budget's warning and the "cannot fit" one
+}
+
 // A budget filled by small blocks (under SPILLWAY_MIN_BLOCK, which never
 // move): a large allocation fails, and the OOM line says that the small-block
 // pool is what bound, and what to set (issue 15: a U-Net at 30% of its peak).
