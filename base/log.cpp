@@ -36,7 +36,7 @@ spdlog::level::level_enum to_spdlog(LogLevel l) {
 
 }  // namespace
 
-bool init(LogLevel level, const std::string& file, std::string* why) {
+bool init(LogLevel level, const std::string& file, std::string* why, const std::string& who) {
   auto& l = logger();
   bool ok = true;
   if (!file.empty()) {
@@ -48,7 +48,10 @@ bool init(LogLevel level, const std::string& file, std::string* why) {
       if (why) *why = e.what();
     }
   }
-  l->set_pattern("[spillway %L] %v");
+  // `who` is copied into the pattern: spdlog reads '%' there as a flag.
+  std::string tag;
+  for (char c : who) tag += c == '%' ? std::string("%%") : std::string(1, c);
+  l->set_pattern(tag.empty() ? "[spillway %L] %v" : "[spillway %L " + tag + "] %v");
   l->set_level(to_spdlog(level));
   l->flush_on(spdlog::level::warn);
   return ok;

@@ -15,8 +15,10 @@ enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 namespace spillway::log {
 
 // Sets the level and sink (`file`, or stderr when empty). Returns false and a
-// reason if the file cannot be opened (logging then goes to stderr).
-bool init(LogLevel level, const std::string& file, std::string* why);
+// reason if the file cannot be opened (logging then goes to stderr). `who`,
+// if not empty, follows the level letter in every line ("rank 3 pid 1234":
+// the ranks of a job write into one terminal).
+bool init(LogLevel level, const std::string& file, std::string* why, const std::string& who = {});
 spdlog::logger& get();
 
 template <class... A>

@@ -226,7 +226,10 @@ std::optional<Config> parse_config(char** env, std::string* error) {
   return c;
 }
 
-std::string expand_path(const std::string& path, char** env) {
+namespace {
+
+// RANK, else LOCAL_RANK (what torchrun sets), or null.
+const char* rank_in(char** env) {
   auto get = [&](const char* name) -> const char* {
     const size_t n = std::strlen(name);
     for (char** e = env; e && *e; ++e)
@@ -235,7 +238,20 @@ std::string expand_path(const std::string& path, char** env) {
   };
   const char* rank = get("RANK");
   if (!rank || !*rank) rank = get("LOCAL_RANK");
-  if (!rank || !*rank) rank = "0";
+  return rank && *rank ? rank : nullptr;
+}
+
+}  // namespace
+
+std::string log_tag(char** env) {
+  const char* rank = rank_in(env);
+  if (!rank) return {};
+  return std::string("rank ") + rank + " pid " + std::to_string(getpid());
+}
+
+std::string expand_path(const std::string& path, char** env) {
+  const char* rank = rank_in(env);
+  if (!rank) rank = "0";
   std::string out;
   for (size_t i = 0; i < path.size();) {
     if (path.compare(i, 6, "{rank}") == 0) {

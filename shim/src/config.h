@@ -44,6 +44,9 @@ uint64_t default_host_budget(uint64_t host_total);
 // A file path from the configuration with `{rank}` replaced by the
 // process's rank (RANK, else LOCAL_RANK, else 0: what torchrun sets) and
 // `{pid}` by its process id, so that every rank of a job writes its own file.
+// "rank R pid P" when the process is one rank of a job (RANK or LOCAL_RANK
+// set, as torchrun does), else "": what follows the level in log lines.
+std::string log_tag(char** env);
 std::string expand_path(const std::string& path, char** env);
 
 // Parses `environ`. On error returns nullopt and a one-line message.

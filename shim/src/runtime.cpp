@@ -60,7 +60,7 @@ void Runtime::start() {
   }
   cfg_ = *cfg;
   std::string why;
-  if (!log::init(cfg_.log_level, cfg_.log_file, &why))
+  if (!log::init(cfg_.log_level, cfg_.log_file, &why, log_tag(environ)))
     log::warn("cannot open SPILLWAY_LOG_FILE '{}' ({}); logging to stderr", cfg_.log_file, why);
   driver_ = cu::load(&why);
   if (!driver_) {

@@ -656,6 +656,18 @@ TEST_F(ShimAbi, DeviceFilledByAnotherProcessSmallAllocationEvicts) {
 
 // ---- (5) Bad frees: logged, counted, ignored.
 
+// Under torchrun (RANK set) every line says which rank and process wrote
+// it; a job outside one keeps the short form.
+TEST_F(ShimAbi, LogLinesNameTheRankAndPidUnderTorchrun) {
+  Child ranked = probe({"malloc", "a", sz(4096), "free_unknown", "4096"}, {"RANK=2"});
+  ASSERT_EQ(ranked.exit_code, 0) << ranked.describe();
+  EXPECT_TRUE(contains(ranked.err, "[spillway E rank 2 pid ")) << ranked.err;
+  EXPECT_FALSE(contains(ranked.err, "[spillway E] ")) << ranked.err;
+  Child alone = probe({"malloc", "a", sz(4096), "free_unknown", "4096"}, {});
+  ASSERT_EQ(alone.exit_code, 0) << alone.describe();
+  EXPECT_TRUE(contains(alone.err, "[spillway E] free of 0x1000")) << alone.err;
+}
+
 TEST_F(ShimAbi, FreeOfAnUnknownPointerIsLoggedCountedAndIgnored) {
   Child r =
       probe({"malloc",       "a",    sz(4 * MiB),  "fill", "a",         sz(4 * MiB), "7",

@@ -453,6 +453,16 @@ TEST(Config, TraceRecordAndStacksAreParsedAndBadValuesRefused) {
   refused("SPILLWAY_STACKS", "yes", "1");
 }
 
+TEST(Config, LogLinesNameTheRankAndPidOnlyInAJob) {
+  std::vector<std::string> vars = {"RANK=3", "LOCAL_RANK=1"};
+  char* ranked[] = {vars[0].data(), vars[1].data(), nullptr};
+  EXPECT_EQ("rank 3 pid " + std::to_string(getpid()), spillway::log_tag(ranked));
+  char* local[] = {vars[1].data(), nullptr};
+  EXPECT_EQ("rank 1 pid " + std::to_string(getpid()), spillway::log_tag(local));
+  char* none[] = {nullptr};
+  EXPECT_EQ("", spillway::log_tag(none));
+}
+
 TEST(Config, RankAndPidAreExpandedInFilePaths) {
   std::vector<std::string> vars = {"RANK=3", "SPILLWAY_STATS=stats-{rank}.json",
                                    "SPILLWAY_TRACE=t{rank}-{pid}.json"};
