@@ -17,8 +17,10 @@ configure:
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Tests build with warnings as errors (SPILLWAY_WERROR); a user's build and
+# the demo do not.
 test: deps
-	$(MAKE) build
+	$(MAKE) build CMAKE_ARGS="-DSPILLWAY_WERROR=ON $(CMAKE_ARGS)"
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 # Builds what the demo runs (the replayer, the shim, the simulated driver and

@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   if (cuStreamSynchronize(s) != CUDA_SUCCESS) return fail("sync");
   std::vector<char> json(sp_stats(nullptr, 0) + 1);
   sp_stats(json.data(), json.size());
-  std::printf("stats %s\n", json.data());
+  std::printf("stats %s\n", json.empty() ? "" : json.data());
   std::fflush(stdout);
   if (mode == "hold" || mode == "hold_int") {
     std::printf("ready\n");

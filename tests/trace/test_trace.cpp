@@ -488,15 +488,15 @@ TEST_F(TraceTest, VarintsMustEndInTheirBlockWithinTenBytes) {
   Built b = one_block({r_alloc(1, 8), run_off});
   spit(path("x.spwt"), b.bytes);
   expect_refused(path("x.spwt"), b.at[1] + 1, "varint runs past the end of its block");
-  std::string eleven = "\x06" + std::string(10, '\x80') + std::string(1, '\0');
+  std::string eleven = std::string(1, '\x06') + std::string(10, '\x80') + std::string(1, '\0');
   b = one_block({eleven});
   spit(path("x.spwt"), b.bytes);
   expect_refused(path("x.spwt"), b.at[0] + 1, "longer than 10 bytes");
-  std::string too_big = "\x06" + std::string(9, '\xFF') + "\x02";
+  std::string too_big = std::string(1, '\x06') + std::string(9, '\xFF') + "\x02";
   b = one_block({too_big});
   spit(path("x.spwt"), b.bytes);
   expect_refused(path("x.spwt"), b.at[0] + 1, "does not fit in 64 bits");
-  std::string max = "\x06" + std::string(9, '\xFF') + "\x01";
+  std::string max = std::string(1, '\x06') + std::string(9, '\xFF') + "\x01";
   b = one_block({max});
   spit(path("x.spwt"), b.bytes);
   EXPECT_TRUE(read_all(path("x.spwt")).ok);
