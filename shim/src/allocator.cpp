@@ -57,9 +57,12 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   // VA is cheap: room for the device's memory four times over, so evicted
   // blocks (which keep their addresses) never exhaust it, and for twice the
   // host memory spillway may hold: each host handle is also mapped at a
-  // staging address of its own (vmm.h).
+  // staging address of its own (vmm.h). Where the process cannot have that
+  // much, less, down to the first part: host memory that then finds no
+  // staging range is refused like any host memory (the block stays).
   const uint64_t host = o.host_budget ? o.host_budget : 4 * uint64_t{total};
-  r = a->arena_.reserve(std::max<uint64_t>(4 * uint64_t{total} + 2 * host, 64ull << 30));
+  const uint64_t floor = std::max<uint64_t>(4 * uint64_t{total}, 64ull << 30);
+  r = a->arena_.reserve(floor + 2 * host, floor);
   if (r != CUDA_SUCCESS) {
     *why = "cuMemAddressReserve failed: " + cu::describe(d, r);
     return nullptr;

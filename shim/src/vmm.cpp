@@ -1,16 +1,24 @@
 #include "vmm.h"
 
+#include <algorithm>
+
 namespace spillway {
 
 VaArena::~VaArena() {
   if (size_) CU_CALL(d_, cuMemAddressFree, base_, size_);
 }
 
-CUresult VaArena::reserve(size_t bytes) {
-  bytes = (bytes + granule_ - 1) / granule_ * granule_;
+CUresult VaArena::reserve(size_t bytes, size_t floor) {
+  auto round = [&](size_t n) { return (n + granule_ - 1) / granule_ * granule_; };
+  bytes = round(std::max(bytes, floor));
+  floor = round(floor);
   CUdeviceptr p = 0;
-  CUresult r = CU_CALL(d_, cuMemAddressReserve, &p, bytes, granule_, 0, 0);
-  if (r != CUDA_SUCCESS) return r;
+  CUresult r = d_.cuMemAddressReserve(&p, bytes, granule_, 0, 0);
+  while (r == CUDA_ERROR_OUT_OF_MEMORY && bytes > floor) {
+    bytes = std::max(round(bytes / 2), floor);
+    r = d_.cuMemAddressReserve(&p, bytes, granule_, 0, 0);
+  }
+  if (r != CUDA_SUCCESS) return CU_CALL(d_, cuMemAddressReserve, &p, bytes, granule_, 0, 0);
   base_ = p;
   size_ = bytes;
   free_.give(base_, size_);

@@ -40,7 +40,10 @@ class VaArena {
   VaArena(const VaArena&) = delete;
   VaArena& operator=(const VaArena&) = delete;
 
-  CUresult reserve(size_t bytes);
+  // Reserves `bytes`, or as much less as the process can have, down to
+  // `floor` (halving): a process's VA may be limited (ulimit -v, a
+  // sanitizer's memory layout). Only the last refusal is logged.
+  CUresult reserve(size_t bytes, size_t floor);
   // A granule-aligned range of `size` bytes (a granule multiple), or 0.
   uintptr_t take(size_t size) { return free_.take(size); }
   void give(uintptr_t ptr, size_t size) { free_.give(ptr, size); }

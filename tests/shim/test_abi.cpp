@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -655,6 +656,37 @@ TEST_F(ShimAbi, DeviceFilledByAnotherProcessSmallAllocationEvicts) {
 }
 
 // ---- (5) Bad frees: logged, counted, ignored.
+
+// The VA arena asks for room for the device's memory four times over plus
+// twice the host budget (staging ranges). A process that cannot have that
+// much (ulimit -v, a sanitizer's layout) gets less, down to the first part,
+// and still allocates, evicts and restores every byte.
+TEST_F(ShimAbi, ALimitedAddressSpaceGetsASmallerArenaAndStillWorks) {
+#ifdef SHIM_SANITIZED
+  GTEST_SKIP() << "a sanitizer's shadow memory does not fit under the address-space limit";
+#else
+  const std::string blk = sz(4 * MiB);
+  const std::vector<std::string> cmds = {
+      "malloc", "a",     blk, "fill", "a",      blk,     "1", "malloc", "b", blk,
+      "fill",   "b",     blk, "2",    "malloc", "c",     blk, "fill",   "c", blk,
+      "3",      "check", "a", blk,    "1",      "check", "b", blk,      "2", "stats"};
+  // 1 GiB device: the arena's floor is 64 GiB; the 1 TiB host budget asks
+  // for 2 TiB more, above the 256 GiB the child may map.
+  rlimit old{};
+  ASSERT_EQ(0, getrlimit(RLIMIT_AS, &old));
+  rlimit lim = old;
+  lim.rlim_cur = 256ull << 30;
+  ASSERT_EQ(0, setrlimit(RLIMIT_AS, &lim));
+  Child r = probe(cmds, {"SIMCUDA_DEVICE_MEMORY=1GiB", "SPILLWAY_GPU_BUDGET=8MiB",
+                         "SPILLWAY_HOST_BUDGET=1TiB"});
+  ASSERT_EQ(0, setrlimit(RLIMIT_AS, &old));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.ptr('c'), "") << r.describe();
+  EXPECT_EQ(r.reply("check a"), "check a ok") << r.describe();
+  EXPECT_EQ(r.reply("check b"), "check b ok") << r.describe();
+  EXPECT_GE(counter(stats_members(r.stats()), "blocks_evicted"), 1) << r.describe();
+#endif
+}
 
 // Under torchrun (RANK set) every line says which rank and process wrote
 // it; a job outside one keeps the short form.
