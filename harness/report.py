@@ -31,6 +31,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -383,13 +384,19 @@ def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategie
                                   json=runs_dir / f"{stem}.json",
                                   chrome=runs_dir / f"{stem}.trace.json"))
 
+    done = [0]
+    done_lock = threading.Lock()
+
     def one(t):
         rep = replay(binary, t["trace"], run_args(t["strategy"], t["dev"], t["no_data"], steps),
                      t["json"], t["chrome"])
         rep.pop("stdout", None)
         rep.update(trace_name=t["name"], budget_pct=t["pct"], budget_label=budget_label(t["pct"]),
                    device_bytes=t["dev"], chrome_trace=str(t["chrome"]))
-        log(f"{t['name']} {budget_label(t['pct'])} {t['strategy']}: steps "
+        with done_lock:  # runs end in any order with --jobs: the count is of runs finished
+            done[0] += 1
+            k = done[0]
+        log(f"[{k}/{len(tasks)}] {t['name']} {budget_label(t['pct'])} {t['strategy']}: steps "
             f"{rep['steps_completed']}/{rep['steps_in_trace']}"
             f"{' OOM' if rep['oom'] else ''}, integrity {integrity(rep)}, median step "
             f"{fmt_ms(rep['sim_step_time_ns'])} ms simulated ({rep['wall_s']} s wall)")

@@ -74,11 +74,14 @@ def tiny(tmp_path_factory):
     return write_trace(tmp_path_factory.mktemp("trace") / "tiny.spwt")
 
 
-def test_report_table_and_plots(tiny, tmp_path):
+def test_report_table_and_plots(tiny, tmp_path, capsys):
     out = tmp_path / "report"
     rc = report.main(["--traces", str(tiny), "--budgets", "100,60", "--strategies",
                       "spillway,none", "--out", str(out), "--replay", str(REPLAY)])
     assert rc == 0
+    # Progress: each run finished says which of how many it is.
+    err = capsys.readouterr().err
+    assert [f"[{k}/4]" in err for k in range(1, 5)] == [True] * 4, err
     md = (out / "report.md").read_text()
     assert "SIMULATED" in md and report.TABLE_HEAD.splitlines()[0] in md
     rows = json.loads((out / "results.json").read_text())
