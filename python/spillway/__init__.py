@@ -223,7 +223,12 @@ def memory_stats(device=None):
 
     if not enabled():
         return collections.OrderedDict()
-    s = stats()
+    return _memory_stats_of(stats())
+
+
+def _memory_stats_of(s):
+    import collections
+
     return collections.OrderedDict(sorted((k, int(f(s))) for k, f in _MEMORY_STATS.items()))
 
 
@@ -290,7 +295,7 @@ def memory_summary(device=None, abbreviated=False):
     if not enabled():
         return ""
     s = stats()
-    m = memory_stats(device)
+    m = _memory_stats_of(s)  # one reading of the counters for the whole table
     width = 75
     rule = "|" + "=" * width + "|"
     thin = "|" + "-" * width + "|"

@@ -162,9 +162,9 @@ def on_torch_imported(torch):
     installed = True
     _hook_optimizer_steps(torch, lib)
     _point_memory_api_at_spillway(torch)
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        import os
+    import os
 
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         if os.environ.get(name):
             _warn("%s=%s is set, but its settings are for PyTorch's own CUDA allocator, which "
                   "spillway replaces: they have no effect (spillway's settings are the SPILLWAY_* "

@@ -120,10 +120,10 @@ class HostBacking final : public Backing {
     // the two race (the copy's result is dropped, but a write concurrent
     // with a read is a data race all the same: seen by ThreadSanitizer in
     // the simulator, where copies and kernels are threads).
-    const CUresult r = consumer && p_.streams.not_capturing(*consumer) == CUDA_SUCCESS
-                           ? p_.streams.order_after_departure(*consumer, *b)
-                           : p_.streams.wait_departure(*b);
-    if (r != CUDA_SUCCESS) p_.streams.wait_departure(*b);
+    if (consumer && p_.streams.not_capturing(*consumer) == CUDA_SUCCESS &&
+        p_.streams.order_after_departure(*consumer, *b) == CUDA_SUCCESS)
+      return;
+    p_.streams.wait_departure(*b);
   }
 
   CUresult restore(Block* b, const CUstream* /*consumer*/) override {

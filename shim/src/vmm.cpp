@@ -18,7 +18,8 @@ CUresult VaArena::reserve(size_t bytes, size_t floor) {
     bytes = std::max(round(bytes / 2), floor);
     r = d_.cuMemAddressReserve(&p, bytes, granule_, 0, 0);
   }
-  if (r != CUDA_SUCCESS) return CU_CALL(d_, cuMemAddressReserve, &p, bytes, granule_, 0, 0);
+  if (r != CUDA_SUCCESS)
+    return cu::checked(d_, "cuMemAddressReserve", r, &p, bytes, granule_, 0, 0);
   base_ = p;
   size_ = bytes;
   free_.give(base_, size_);
