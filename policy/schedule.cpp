@@ -163,7 +163,20 @@ const std::vector<uint32_t>* ScheduleChooser::predecessor_uses(const Key& k) con
 
 uint64_t ScheduleChooser::model_id(uint64_t id) const {
   auto it = live_.find(id);
-  return it == live_.end() || !it->second.keyed ? 0 : model_id(it->second.key);
+  if (it == live_.end() || !it->second.keyed) return 0;
+  // A block made in this step is named, in the last step's model, by its
+  // first use there: prev_key (its own key names it for the next model).
+  const Tracked& l = it->second;
+  return model_id(l.key.carried ? l.key : l.prev_key);
+}
+
+uint64_t ScheduleChooser::live_block(uint64_t id) const {
+  // Known by its id: the same block while it still is (the allocator's ids
+  // are addresses, so even: a made block's names are odd).
+  if (auto l = live_.find(id); l != live_.end() && l->second.key.carried) return id;
+  if (id % 2 == 0) return 0;
+  auto n = named_.find(Key{false, id / 2});
+  return n == named_.end() ? 0 : n->second;
 }
 
 StepModel ScheduleChooser::learned_step(uint64_t granule) const {

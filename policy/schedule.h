@@ -69,6 +69,20 @@ class ScheduleChooser final : public VictimChooser {
   // The name a live block's Move::block has in learned_step's model (its
   // predecessor's), or 0 if it has none yet (not used yet in this step).
   uint64_t model_id(uint64_t id) const;
+  // The live block a name of learned_step's model stands for now, or 0:
+  // one made in the step only once its first use named it.
+  uint64_t live_block(uint64_t model_id) const;
+  // Launch number `launch` (Use::launch) as an index from 0 in this step's
+  // own numbering (what the next model is numbered by), and in that of
+  // learned_step's model (the steps aligned). 0 before the step's first.
+  uint32_t step_index(uint64_t launch) const {
+    const uint32_t n = since_start(launch);
+    return n > 0 ? n - 1 : 0;
+  }
+  uint32_t model_index(uint64_t launch) const {
+    const int64_t t = int64_t{since_start(launch)} + offset_;
+    return t > 1 ? static_cast<uint32_t>(t - 1) : 0;
+  }
   size_t recorded() const { return recording_ ? recorded_ : 0; }  // units, this step
 
  private:

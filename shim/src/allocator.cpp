@@ -101,7 +101,8 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
       dev_(d, device_prop(o.device)),
       cache_(d, table_),
       budget_(o.gpu_budget, o.host_budget, 2ull << 20),
-      chooser_(o.chooser ? o.chooser : std::make_shared<policy::ScheduleChooser>()) {}
+      chooser_(o.chooser ? o.chooser : std::make_shared<policy::ScheduleChooser>()),
+      schedule_(dynamic_cast<policy::ScheduleChooser*>(chooser_.get())) {}
 
 void Allocator::stop_background() {
   if (mover_) mover_->stop();
@@ -168,6 +169,7 @@ void Allocator::note_live(Block* b, size_t size, CUstream stream) {
   table_.add_live(b);
   if (b->large) chooser_->on_alloc(b->ptr);
   live_ += size;
+  step_peak_ = std::max(step_peak_, live_.value);
   ++s_.mallocs;
 }
 
@@ -563,6 +565,7 @@ size_t Allocator::prefetch(const Touch* touches, size_t n) {
 CUresult Allocator::prefetch_block(Block* b) {
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
   const Backing::Start started = backing_->start_prefetch(b);  // evicts no live block
+
   if (started == Backing::Start::kStop) return CUDA_ERROR_OUT_OF_MEMORY;
   if (started != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
   arriving_.push_back(b->ptr);
@@ -612,15 +615,103 @@ bool Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   };
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [&](Block* b) { note_user(b, stream); });
-  if (o_.prefetch_launches && budget_.over_seen()) moved |= prefetch_upcoming(a.seq);
+  last_seq_ = std::max(last_seq_, a.seq);
+  if (o_.plan && schedule_) {
+    times_.note(a.correlation, schedule_->step_index(a.seq));
+    planned_prefetches(a.seq);
+  }
+  if ((o_.prefetch_launches || !upcoming_.empty()) && budget_.over_seen())
+    moved |= prefetch_upcoming(a.seq);
   if (moved) notify_memory();
   return held;
 }
 
+void Allocator::planned_prefetches(uint64_t launch) {
+  due_.clear();
+  const uint32_t at = schedule_->model_index(launch);
+  plan_.prefetches_due(at, &due_);
+  for (const policy::PlanFollower::Due& d : due_) {
+    const uint64_t id = schedule_->live_block(d.block);
+    if (id == 0 || d.next_use == policy::Move::kNever || d.next_use <= at) continue;
+    add_upcoming(id, launch + (d.next_use - at));
+    ++s_.planned_prefetches;
+  }
+}
+
+void Allocator::planned_evictions() {
+  due_.clear();
+  plan_.evictions_due(schedule_->model_index(last_seq_), &due_);
+  std::vector<Block*> victims;
+  for (const policy::PlanFollower::Due& d : due_) {
+    Block* b = table_.live_at(schedule_->live_block(d.block));
+    if (b && b->large && b->where == Block::Where::kDevice && b->holds == 0) victims.push_back(b);
+  }
+  if (victims.empty() || !ensure_context()) return;
+  s_.planned_evictions += start_evictions(victims, Cause::kBudget).size();
+  // The mover finishes them (the swaps are its remaps, not the job's).
+  if (mover_) mover_->wake();
+}
+
+void Allocator::make_plan() {
+  policy::StepModel m = schedule_->learned_step(granule_);
+  const auto n = static_cast<uint32_t>(m.launch_ns.size());
+  // A plan is only as good as the step it was learned from is like the next:
+  // only once two steps in a row had the same launches (within 1%) and about
+  // the same peak (within 10%) is the job taken to repeat. A first step that
+  // creates the optimizer's state has hundreds more launches; a batch of
+  // other sequence lengths has other sizes (a plan for a long step evicts
+  // what a short one never needed to).
+  const uint32_t before = std::exchange(last_step_len_, n);
+  const uint64_t peak_before = std::exchange(last_step_peak_, step_peak_);
+  step_peak_ = live_.value;
+  auto near = [](uint64_t a, uint64_t b, uint64_t within) {
+    return std::max(a, b) - std::min(a, b) <= std::max(a, b) / within;
+  };
+  const bool repeats =
+      before > 0 && n > 0 && near(n, before, 100) && near(last_step_peak_, peak_before, 10);
+  if (!repeats || budget_.gpu() == 0 || !budget_.over_seen()) {
+    plan_.stop();
+    return;
+  }
+  // A launch never timed (no record yet) counts as the median of those that
+  // were; with none at all, as a short kernel.
+  constexpr uint64_t kUntimedNs = 10'000;
+  // The host's time to issue a launch (SIMCUDA_LAUNCH_NS's default; a few
+  // microseconds on hardware).
+  constexpr uint64_t kLaunchHostNs = 4'000;
+  m.launch_ns = times_.durations(n, kUntimedNs);
+  m.launch_host_ns = kLaunchHostNs;
+  m.pinned_bytes = cache_.small_bytes();
+  policy::PlanOptions po;
+  po.budget = budget_.gpu();
+  // The plan keeps resident memory under the mover's high watermark, so
+  // that the mover's own evictions start only where the plan is wrong.
+  po.headroom = budget_.gpu() - budget_.high();
+  const policy::Plan p = policy::plan_step(m, po);
+  plan_.start(m, p);
+  ++s_.plans_made;
+  log::debug(
+      "device {}: step plan of {} launches ({} timed), {} blocks: {} moves, {} out, {} in, "
+      "predicted step {} ns (simulated on a GPU's rules), fits {}",
+      o_.device, n, times_.measured(), m.blocks.size(), p.moves.size(), format_bytes(p.bytes_out),
+      format_bytes(p.bytes_in), p.step_ns, p.fits);
+}
+
+void Allocator::add_upcoming(uintptr_t ptr, uint64_t by) {
+  // Soonest use first: a plan names blocks in the order of their prefetch,
+  // not of their use, and past its use an entry must go.
+  const auto at = std::upper_bound(upcoming_.begin(), upcoming_.end(), by,
+                                   [](uint64_t v, const auto& e) { return v < e.second; });
+  upcoming_.insert(at, {ptr, by});
+}
+
 bool Allocator::prefetch_upcoming(uint64_t launch) {
   named_.clear();
-  chooser_->upcoming(o_.prefetch_launches, &named_);
-  for (uint64_t id : named_) upcoming_.push_back({id, launch + o_.prefetch_launches});
+  // A step plan names the blocks to bring back itself (planned_prefetches).
+  if (o_.prefetch_launches && !plan_.active()) {
+    chooser_->upcoming(o_.prefetch_launches, &named_);
+    for (uint64_t id : named_) add_upcoming(id, launch + o_.prefetch_launches);
+  }
   while (!upcoming_.empty() && upcoming_.front().second <= launch) upcoming_.pop_front();
   // Soonest use first. A block stays listed until its use: one evicted again
   // meanwhile is brought back again.
@@ -681,6 +772,7 @@ void Allocator::after_use(CUstream stream, const Touch* touches, size_t n) {
     if (m) streams_->set_mark(*b, stream, m);
   };
   for (size_t i = 0; i < n; ++i) table_.for_each_large(touches[i], done);
+  if (plan_.active()) planned_evictions();
 }
 
 void Allocator::release(const Touch* touches, size_t n) {
@@ -692,6 +784,7 @@ void Allocator::release(const Touch* touches, size_t n) {
 CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consumer) {
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
   CUresult r = backing_->restore(b, consumer);
+
   if (r != CUDA_SUCCESS) return r;
   // done_ns is when the block was usable by the consumer: after the copy
   // (host backing), or once the consumer was ordered after the prefetch
@@ -719,6 +812,7 @@ void Allocator::mark_step(uint64_t end) {
   std::lock_guard lk(mu_);
   if (!arriving_.empty()) finish_prefetches();
   chooser_->on_step(end);
+  if (o_.plan && schedule_) make_plan();
 }
 
 void Allocator::notify_memory() {

@@ -35,9 +35,12 @@
 #include "log.h"
 #include "driver.h"
 #include "events.h"
+#include "launch_times.h"
 #include "mover.h"
+#include "plan_follower.h"
 #include "stats.h"
 #include "stream_cache.h"
+#include "schedule.h"
 #include "victims.h"
 #include "vmm.h"
 
@@ -52,6 +55,10 @@ struct AllocatorOptions {
   // Launches ahead of their predicted use at which evicted blocks are
   // prefetched (policy/victims.h, upcoming), into free room only; 0: never.
   uint32_t prefetch_launches = 0;
+  // Plan each step's evictions and prefetches from the learned one at its
+  // mark (policy/planner.h) and carry the plan out (needs the learned
+  // schedule, and launch durations through on_launch_record).
+  bool plan = false;
   // SPILLWAY_MODE=managed. Needs CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
   // without it, one warning and caching only, as in host mode without
   // host-memory VMM.
@@ -106,6 +113,12 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void hold(const Touch* touches, size_t n) override;
   void after_use(CUstream stream, const Touch* touches, size_t n) override;
   void release(const Touch* touches, size_t n) override;
+
+  // CUPTI's activity record of the work with this correlation id (any
+  // thread, no lock of the allocator's): the launch durations a plan needs.
+  void on_launch_record(uint32_t correlation, uint64_t start, uint64_t end) {
+    times_.on_record(correlation, start, end);
+  }
 
   enum class Residency { kUnknown, kDevice, kEvicting, kHost, kArriving };
   Residency residency(const void* ptr);
@@ -178,6 +191,12 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // more. Those that found none are tried again at the next launches, until
   // their predicted use.
   bool prefetch_upcoming(uint64_t launch);
+  void add_upcoming(uintptr_t ptr, uint64_t by);
+  // The step plan's moves due at this point of the step: evictions after
+  // the launch just queued, prefetches before the one about to be.
+  void planned_evictions();
+  void planned_prefetches(uint64_t launch);
+  void make_plan();
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
@@ -205,6 +224,14 @@ class Allocator final : public AccessSink, private DeviceRoom {
   StreamCache cache_;
   Budget budget_;
   std::shared_ptr<policy::VictimChooser> chooser_;
+  policy::ScheduleChooser* schedule_ = nullptr;  // chooser_, if it learns steps
+  policy::PlanFollower plan_;
+  LaunchTimes times_;
+  uint64_t last_seq_ = 0;        // the latest launch seen (before_use)
+  uint32_t last_step_len_ = 0;   // launches in the step learned before the last
+  uint64_t step_peak_ = 0;       // the most live bytes in this step so far
+  uint64_t last_step_peak_ = 0;  // ... in the step just ended
+  std::vector<policy::PlanFollower::Due> due_;
   std::unique_ptr<Mover> mover_;
   bool mover_has_context_ = false;  // the mover's thread has the context current
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far

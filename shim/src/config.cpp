@@ -127,6 +127,16 @@ std::string set_stacks(const std::string& v, Config* c) {
   return {};
 }
 
+std::string set_plan(const std::string& v, Config* c) {
+  if (v == "on")
+    c->plan = true;
+  else if (v == "off")
+    c->plan = false;
+  else
+    return "on (plan each step's evictions and prefetches from the last) or off";
+  return {};
+}
+
 std::string set_cupti(const std::string& v, Config* c) {
   if (v == "auto")
     c->cupti = true;
@@ -157,6 +167,7 @@ const std::vector<Variable>& variables() {
       {"SPILLWAY_TRACE", set_trace_file},
       {"SPILLWAY_RECORD", set_record_file},
       {"SPILLWAY_STACKS", set_stacks},
+      {"SPILLWAY_PLAN", set_plan},
       {"SPILLWAY_CUPTI", set_cupti},
       {"SPILLWAY_CUPTI_PATH", set_cupti_path},
   };

@@ -26,6 +26,10 @@ struct Config {
   // SPILLWAY_PREFETCH: an evicted block the learned schedule predicts to be
   // used within this many launches is brought back now (0: off).
   uint32_t prefetch_launches = 64;
+  // SPILLWAY_PLAN: at each step mark, plan the next step's evictions and
+  // prefetches from the learned one (policy/planner.h) and carry them out
+  // (off: the learned schedule's window alone).
+  bool plan = false;
   LogLevel log_level = LogLevel::kInfo;
   std::string log_file;     // empty: stderr
   std::string stats_file;   // SPILLWAY_STATS

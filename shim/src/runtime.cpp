@@ -105,7 +105,8 @@ void Runtime::start_observers() {
   // Device timestamps, kernels and kernel durations come from CUPTI's
   // activity records: one reader per process, which needs the tracker's CUPTI.
   std::string no_activity = "no access tracking";
-  if (tracker_ && (!cfg_.trace_file.empty() || recorder_)) {
+  const bool plan = tracker_ && cfg_.plan && cfg_.mode == Mode::kHost;
+  if (tracker_ && (!cfg_.trace_file.empty() || recorder_ || plan)) {
     if (const cupti::Api* api = cupti::load(cfg_.cupti_path, &no_activity))
       activity_ = cupti::ActivityReader::open(*api, &no_activity);
   }
@@ -126,6 +127,15 @@ void Runtime::start_observers() {
       activity_->listen(recorder_.get());
     else
       log::warn("SPILLWAY_RECORD: kernel durations are not recorded ({})", no_activity);
+  }
+  if (plan) {
+    if (activity_) {
+      launch_records_ = std::make_unique<LaunchRecords>(*this);
+      activity_->listen(launch_records_.get());
+    } else {
+      log::warn("SPILLWAY_PLAN: no launch durations ({}): every launch is planned as equally long",
+                no_activity);
+    }
   }
   if (activity_) {
     if (activity_->has_listeners())
@@ -250,6 +260,7 @@ Allocator* Runtime::allocator(int device) {
   o.evict = cfg_.mode != Mode::kOff;
   // Predictions need every launch's accesses.
   o.prefetch_launches = tracker_ ? cfg_.prefetch_launches : 0;
+  o.plan = tracker_ && cfg_.plan;
   o.managed = cfg_.mode == Mode::kManaged;
   // Evicting ahead of need is safe only when every access is seen.
   o.background = tracker_ != nullptr;
@@ -285,8 +296,19 @@ Allocator* Runtime::allocator(int device) {
   return allocators_[i].get();
 }
 
+void Runtime::LaunchRecords::on_records(std::span<const cupti::DeviceRecord> records) {
+  for (const cupti::DeviceRecord& r : records)
+    if (r.device < kMaxDevices)
+      if (Allocator* a = r_.active_[r.device].load(std::memory_order_acquire))
+        a->on_launch_record(r.correlation, r.start, r.end);
+}
+
 void Runtime::mark_step() {
   const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // The step's launch durations, as far as CUPTI has them, before the plan
+  // for the next step is made from them (what is not delivered by then
+  // counts from the step after).
+  if (launch_records_) activity_->sync(std::chrono::milliseconds(20));
   if (!observers_.empty()) observers_.on_step(next);
   // Where the step ends in the order of accesses: launches after it belong
   // to the next step, whether or not they touch a large block.

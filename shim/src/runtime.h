@@ -71,6 +71,17 @@ class Runtime final : public AccessSink {
   void start_tracking();
   void start_observers();  // SPILLWAY_STACKS, SPILLWAY_TRACE, SPILLWAY_RECORD
 
+  // The launch durations a step plan needs (SPILLWAY_PLAN), from the
+  // activity records, to the allocator of the record's device.
+  class LaunchRecords final : public cupti::ActivityListener {
+   public:
+    explicit LaunchRecords(Runtime& r) : r_(r) {}
+    void on_records(std::span<const cupti::DeviceRecord> records) override;
+
+   private:
+    Runtime& r_;
+  };
+
   Config cfg_;
   const cu::Driver* driver_ = nullptr;
   std::mutex mu_;
@@ -85,6 +96,7 @@ class Runtime final : public AccessSink {
   std::unique_ptr<Sites> sites_;
   std::unique_ptr<ChromeTrace> trace_;
   std::unique_ptr<Recorder> recorder_;
+  std::unique_ptr<LaunchRecords> launch_records_;
   Observers observers_;  // the allocators' observer (null when it is empty)
   bool blind_ = false;
   std::atomic<uint64_t> steps_{0};

@@ -115,6 +115,7 @@ class AllocatorTest : public ::testing::Test {
     o.host_budget = host_budget;
     o.min_block = min_block;
     o.prefetch_launches = prefetch_launches_;
+    o.plan = plan_;
     o.observer = &observed_;
     std::string why;
     auto a = Allocator::create(*driver_, o, &why);
@@ -188,6 +189,7 @@ class AllocatorTest : public ::testing::Test {
   bool background_ = false;
   bool managed_ = false;            // SPILLWAY_MODE=managed
   uint32_t prefetch_launches_ = 0;  // SPILLWAY_PREFETCH
+  bool plan_ = false;               // SPILLWAY_PLAN
   std::function<void()> hook_;
   std::unique_ptr<Allocator> allocator_;
 };
@@ -738,6 +740,74 @@ TEST_F(AllocatorTest, AnEvictedBlockComesBackAheadOfItsPredictedUse) {
         << "after launch " << l;
   EXPECT_EQ(1u, observed_.bytes(false, spillway::Cause::kPrefetch) / kSize);
   ASSERT_CU(cuStreamSynchronize(nullptr));
+  EXPECT_EQ(0u, mismatches());
+  for (void* p : blk) a->free(p, kSize, nullptr);
+}
+
+// SPILLWAY_PLAN: once two steps in a row were alike, the next is planned
+// from the last and the plan carried out at the launches it names. Four
+// carried blocks of 4 MiB fill a 16 MiB budget, of which the plan keeps
+// 2 MiB free (the mover's band): one must be off the device at every launch.
+// A is used at launch 0 and 40, B and C in turn between, D at launches
+// 11-20 only: the plan takes A off right after launch 0 and brings it back
+// before launch 40 (once D has left after 20), so that no use waits for an
+// on-demand restore.
+TEST_F(AllocatorTest, AStepPlanEvictsAndPrefetchesAtTheLaunchesItNames) {
+  constexpr size_t kSize = 4 * MiB;
+  plan_ = true;
+  auto a = make(4 * kSize);
+  ASSERT_NE(nullptr, a);
+  void* blk[4];
+  for (int i = 0; i < 4; ++i) {
+    blk[i] = a->malloc(kSize, nullptr);
+    ASSERT_NE(nullptr, blk[i]);
+    fill(blk[i], kSize, 400u + static_cast<uint64_t>(i), nullptr);
+  }
+  {  // over the budget once: the policy acts from then on
+    void* z = a->malloc(kSize, nullptr);
+    ASSERT_NE(nullptr, z);
+    a->free(z, kSize, nullptr);
+  }
+  uint64_t seq = 0;
+  auto touch = [&](int i) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
+    const spillway::Touch t{lo, lo + kSize};
+    spillway::Access acc;
+    acc.seq = ++seq;
+    a->before_use(acc, &t, 1);
+    check(blk[i], kSize, 400u + static_cast<uint64_t>(i), nullptr);
+    a->after_use(nullptr, &t, 1);
+  };
+  Allocator::Residency a_after_first = Allocator::Residency::kUnknown;
+  for (int step = 0; step < 4; ++step) {
+    const uint64_t on_demand = observed_.bytes(false, spillway::Cause::kOnDemand);
+    const uint64_t planned = a->stats().planned_evictions;
+    touch(0);
+    if (step == 3) {
+      a_after_first = a->residency(blk[0]);
+      // An allocation takes A's memory once its copy is done (the host waits
+      // for that copy alone): A is then on the host, and only the plan's
+      // prefetch keeps launch 40 from restoring it on demand.
+      void* z = a->malloc(kSize, nullptr);
+      ASSERT_NE(nullptr, z);
+      EXPECT_EQ(Allocator::Residency::kHost, a->residency(blk[0]));
+      a->free(z, kSize, nullptr);
+    }
+    for (int l = 1; l < 40; ++l) touch(l > 10 && l <= 20 ? 1 + l % 3 : 1 + l % 2);
+    touch(0);
+    if (step == 3) {
+      EXPECT_EQ(on_demand, observed_.bytes(false, spillway::Cause::kOnDemand))
+          << "a use waited for an on-demand restore in a planned step";
+      EXPECT_LT(planned, a->stats().planned_evictions);
+    }
+    a->mark_step(seq);
+    // Steps 0 and 3 held a fifth block for a while (the allocations above),
+    // so their peaks were 25% above the others': only step 2 was like the
+    // one before, and only step 3 is planned.
+    EXPECT_EQ(step >= 2 ? 1u : 0u, a->stats().plans_made) << "after step " << step;
+  }
+  EXPECT_NE(Allocator::Residency::kDevice, a_after_first) << "A stayed after its last use";
+  EXPECT_NE(Allocator::Residency::kUnknown, a_after_first);
   EXPECT_EQ(0u, mismatches());
   for (void* p : blk) a->free(p, kSize, nullptr);
 }

@@ -181,6 +181,17 @@ TEST(ShimConfig, PrefetchIsALaunchCountOnByDefault) {
     refused("SPILLWAY_PREFETCH", v, "a number of launches from 0 (off) to 1000000");
 }
 
+TEST(ShimConfig, StepPlansAreOffByDefaultAndTakeOnOrOff) {
+  const Parsed none = parse({});
+  ASSERT_TRUE(none.cfg.has_value()) << none.error;
+  EXPECT_FALSE(none.cfg->plan);
+  EXPECT_TRUE(accepted("SPILLWAY_PLAN", "on").plan);
+  EXPECT_FALSE(accepted("SPILLWAY_PLAN", "off").plan);
+  for (const char* v : {"", "1", "ON", "yes", "on "})
+    refused("SPILLWAY_PLAN", v,
+            "on (plan each step's evictions and prefetches from the last) or off");
+}
+
 TEST(ShimConfig, BudgetSizesAccepted) {
   for (const char* var : kSizeVars) {
     for (const SizeCase& c : kValidSizes) {

@@ -1,0 +1,56 @@
+#include "plan_follower.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace spillway::policy {
+
+void PlanFollower::start(const StepModel& m, const Plan& p) {
+  const auto len = static_cast<uint32_t>(m.launch_ns.size());
+  evict_.clear();
+  prefetch_.clear();
+  std::unordered_map<uint64_t, const Move*> wraps;  // carried block -> its wrapped move
+  for (const Move& mv : p.moves) {
+    evict_.push_back({mv.evict_after, {mv.block, mv.next_use}});
+    if (mv.prefetch_at == Move::kNever) continue;
+    if (mv.prefetch_at < len)
+      prefetch_.push_back({mv.prefetch_at, {mv.block, mv.next_use}});
+    else
+      wraps[mv.block] = &mv;
+  }
+  for (const StepModel::Block& b : m.blocks) {
+    if (!b.carried || b.uses.empty()) continue;
+    auto w = wraps.find(b.id);
+    if (w == wraps.end()) {
+      prefetch_.push_back({0, {b.id, b.uses.front()}});
+    } else {
+      // Off the device from the start until its prefetch, as the plan has it.
+      evict_.push_back({0, {b.id, w->second->next_use - len}});
+      prefetch_.push_back({w->second->prefetch_at - len, {b.id, w->second->next_use - len}});
+    }
+  }
+  auto by_at = [](const Entry& a, const Entry& b) { return a.at < b.at; };
+  std::stable_sort(evict_.begin(), evict_.end(), by_at);
+  std::stable_sort(prefetch_.begin(), prefetch_.end(), by_at);
+  next_evict_ = next_prefetch_ = 0;
+  active_ = !p.moves.empty();
+}
+
+void PlanFollower::stop() {
+  evict_.clear();
+  prefetch_.clear();
+  next_evict_ = next_prefetch_ = 0;
+  active_ = false;
+}
+
+void PlanFollower::evictions_due(uint32_t at, std::vector<Due>* out) {
+  for (; next_evict_ < evict_.size() && evict_[next_evict_].at <= at; ++next_evict_)
+    out->push_back(evict_[next_evict_].due);
+}
+
+void PlanFollower::prefetches_due(uint32_t at, std::vector<Due>* out) {
+  for (; next_prefetch_ < prefetch_.size() && prefetch_[next_prefetch_].at <= at; ++next_prefetch_)
+    out->push_back(prefetch_[next_prefetch_].due);
+}
+
+}  // namespace spillway::policy

@@ -1,0 +1,48 @@
+#include "launch_times.h"
+
+#include <algorithm>
+
+namespace spillway {
+
+void LaunchTimes::note(uint32_t correlation, uint32_t index) {
+  if (correlation == 0 || index >= kMaxLaunches) return;
+  std::lock_guard lk(mu_);
+  // Records lost by CUPTI never come: past the bound, start again rather
+  // than grow.
+  if (waiting_.size() >= kMaxLaunches) waiting_.clear();
+  waiting_[correlation] = index;
+}
+
+void LaunchTimes::on_record(uint32_t correlation, uint64_t start, uint64_t end) {
+  std::lock_guard lk(mu_);
+  auto it = waiting_.find(correlation);
+  if (it == waiting_.end()) return;
+  const uint32_t index = it->second;
+  waiting_.erase(it);
+  if (ns_.size() <= index) ns_.resize(index + 1, 0);
+  // A launch's records (a kernel, or a copy split by the driver) add up.
+  ns_[index] = end > start ? end - start : 1;
+}
+
+std::vector<uint64_t> LaunchTimes::durations(uint32_t n, uint64_t fallback) const {
+  std::lock_guard lk(mu_);
+  std::vector<uint64_t> known;
+  for (uint32_t i = 0; i < n && i < ns_.size(); ++i)
+    if (ns_[i]) known.push_back(ns_[i]);
+  uint64_t median = fallback;
+  if (!known.empty()) {
+    std::nth_element(known.begin(), known.begin() + known.size() / 2, known.end());
+    median = known[known.size() / 2];
+  }
+  std::vector<uint64_t> out(n, median);
+  for (uint32_t i = 0; i < n && i < ns_.size(); ++i)
+    if (ns_[i]) out[i] = ns_[i];
+  return out;
+}
+
+uint64_t LaunchTimes::measured() const {
+  std::lock_guard lk(mu_);
+  return static_cast<uint64_t>(std::count_if(ns_.begin(), ns_.end(), [](uint64_t v) { return v; }));
+}
+
+}  // namespace spillway
