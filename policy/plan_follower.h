@@ -32,6 +32,8 @@ class PlanFollower {
   void start(const StepModel& m, const Plan& p);
   // No plan: nothing is due.
   void stop();
+  // The same plan again, from the step's start (a step like the last).
+  void restart() { next_evict_ = next_prefetch_ = 0; }
   bool active() const { return active_; }
 
   // The evictions due once launch `at` (from 0) is queued: evict_after <= at,

@@ -88,7 +88,7 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
     Allocator* p = a.get();
     a->mover_ = std::make_unique<Mover>(
         d, [p](CUevent done) { return p->begin_background(done); },
-        [p] { return p->end_background(); }, o.before_swap);
+        [p] { return p->end_background(); }, o.before_swap, [p] { p->plan_in_background(); });
     a->mover_->start();
   }
   return a;
@@ -640,9 +640,11 @@ void Allocator::planned_prefetches(uint64_t launch) {
 
 void Allocator::planned_evictions() {
   due_.clear();
-  plan_.evictions_due(schedule_->model_index(last_seq_), &due_);
+  const uint32_t at = schedule_->model_index(last_seq_);
+  plan_.evictions_due(at, &due_);
   std::vector<Block*> victims;
   for (const policy::PlanFollower::Due& d : due_) {
+    if (d.next_use != policy::Move::kNever && d.next_use <= at) continue;  // its gap is over
     Block* b = table_.live_at(schedule_->live_block(d.block));
     if (b && b->large && b->where == Block::Where::kDevice && b->holds == 0) victims.push_back(b);
   }
@@ -669,6 +671,8 @@ void Allocator::make_plan() {
   };
   const bool repeats =
       before > 0 && n > 0 && near(n, before, 100) && near(last_step_peak_, peak_before, 10);
+  ++plan_generation_;  // a plan still being made is for a step that has ended
+  plan_job_.reset();
   if (!repeats || budget_.gpu() == 0 || !budget_.over_seen()) {
     plan_.stop();
     return;
@@ -687,14 +691,39 @@ void Allocator::make_plan() {
   // The plan keeps resident memory under the mover's high watermark, so
   // that the mover's own evictions start only where the plan is wrong.
   po.headroom = budget_.gpu() - budget_.high();
-  const policy::Plan p = policy::plan_step(m, po);
+  if (!mover_) {
+    install_plan(m, policy::plan_step(m, po));
+    return;
+  }
+  // The steps repeat: the last plan serves this one from its start until
+  // the mover has made the new one.
+  plan_.restart();
+  plan_job_ = PlanJob{std::move(m), po, plan_generation_};
+  mover_->wake();
+}
+
+void Allocator::plan_in_background() {
+  std::optional<PlanJob> job;
+  {
+    std::lock_guard lk(mu_);
+    job.swap(plan_job_);
+  }
+  if (!job) return;
+  const policy::Plan p = policy::plan_step(job->model, job->options);
+  std::lock_guard lk(mu_);
+  if (job->generation == plan_generation_) install_plan(job->model, p);
+}
+
+void Allocator::install_plan(const policy::StepModel& m, const policy::Plan& p) {
+  // Installed during the step (by the mover): the moves already due are
+  // taken at the next launch, but for those whose gap is over.
   plan_.start(m, p);
   ++s_.plans_made;
   log::debug(
       "device {}: step plan of {} launches ({} timed), {} blocks: {} moves, {} out, {} in, "
       "predicted step {} ns (simulated on a GPU's rules), fits {}",
-      o_.device, n, times_.measured(), m.blocks.size(), p.moves.size(), format_bytes(p.bytes_out),
-      format_bytes(p.bytes_in), p.step_ns, p.fits);
+      o_.device, m.launch_ns.size(), times_.measured(), m.blocks.size(), p.moves.size(),
+      format_bytes(p.bytes_out), format_bytes(p.bytes_in), p.step_ns, p.fits);
 }
 
 void Allocator::add_upcoming(uintptr_t ptr, uint64_t by) {

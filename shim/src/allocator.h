@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,10 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void planned_evictions();
   void planned_prefetches(uint64_t launch);
   void make_plan();
+  // The step plan queued by make_plan, made on the mover's thread without
+  // the lock (about 80 ms at Llama-7B's size) and installed under it.
+  void plan_in_background();
+  void install_plan(const policy::StepModel& m, const policy::Plan& p);
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
@@ -232,6 +237,13 @@ class Allocator final : public AccessSink, private DeviceRoom {
   uint64_t step_peak_ = 0;       // the most live bytes in this step so far
   uint64_t last_step_peak_ = 0;  // ... in the step just ended
   std::vector<policy::PlanFollower::Due> due_;
+  struct PlanJob {
+    policy::StepModel model;
+    policy::PlanOptions options;
+    uint64_t generation = 0;
+  };
+  std::optional<PlanJob> plan_job_;  // for the mover to plan
+  uint64_t plan_generation_ = 0;     // step marks that asked for a plan
   std::unique_ptr<Mover> mover_;
   bool mover_has_context_ = false;  // the mover's thread has the context current
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far

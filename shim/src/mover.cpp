@@ -10,6 +10,7 @@ void Mover::start() {
 
 void Mover::round() {
   InternalCalls internal;  // its driver calls are spillway's, not the job's
+  if (work_) work_();
   CUevent oldest = begin_(spare_.get());
   if (!oldest) return;
   // The copies run without the allocator's lock: allocations go on. If the

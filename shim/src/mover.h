@@ -2,6 +2,8 @@
 // resident memory nears the budget, so that allocations rarely wait for an
 // eviction copy themselves, and finishes the copies in flight (evictions and
 // prefetches, whoever started them) so that the job's thread rarely remaps.
+// It also runs work the allocator hands it that needs no lock and should not
+// hold up the job's thread (a step plan, SPILLWAY_PLAN) at each round's start.
 // Under the allocator's lock a batch is chosen and its copies queued
 // (`begin`); the oldest copy in flight is waited for without it, one at a
 // time, and what is done is swapped under the lock again (`end`).
@@ -31,12 +33,14 @@ class Mover {
   using Begin = std::function<CUevent(CUevent spare)>;
   using End = std::function<bool()>;
 
-  Mover(const cu::Driver& d, Begin begin, End end, std::function<void()> before_swap)
+  Mover(const cu::Driver& d, Begin begin, End end, std::function<void()> before_swap,
+        std::function<void()> work = nullptr)
       : d_(d),
         spare_(d),
         begin_(std::move(begin)),
         end_(std::move(end)),
-        before_swap_(std::move(before_swap)) {}
+        before_swap_(std::move(before_swap)),
+        work_(std::move(work)) {}
   ~Mover() { stop(); }
 
   void start();
@@ -53,6 +57,7 @@ class Mover {
   Begin begin_;
   End end_;
   std::function<void()> before_swap_;  // test seam: after the copies, before the swap
+  std::function<void()> work_;         // without the lock, before each round
   Worker worker_;
 };
 
