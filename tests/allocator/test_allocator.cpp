@@ -87,6 +87,16 @@ CUfunction reg(const char* name, simcuda_kernel_fn fn, Kernels* k) {
 }
 
 class AllocatorTest : public ::testing::Test {
+ public:
+  // Kernels that fill a block with a pattern and check it (any mismatch is
+  // counted): for helpers beside the fixture too (FourBlocks).
+  void fill(void* p, size_t bytes, uint64_t seed, CUstream s) {
+    launch3(k_.fill, p, bytes, seed, s);
+  }
+  void check(void* p, size_t bytes, uint64_t seed, CUstream s) {
+    launch3(k_.check, p, bytes, seed, s);
+  }
+
  protected:
   // SIMCUDA_* settings for this test, read by cuInit in SetUp (each test runs
   // in its own process under ctest).
@@ -127,12 +137,6 @@ class AllocatorTest : public ::testing::Test {
     Args a{static_cast<uint64_t*>(p), bytes, seed};
     void* params[] = {&a.p, &a.bytes, &a.seed};
     ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
-  }
-  void fill(void* p, size_t bytes, uint64_t seed, CUstream s) {
-    launch3(k_.fill, p, bytes, seed, s);
-  }
-  void check(void* p, size_t bytes, uint64_t seed, CUstream s) {
-    launch3(k_.check, p, bytes, seed, s);
   }
   // Allocator::prefetch of the block at `p`.
   static size_t prefetch(Allocator& a, void* p) {
@@ -744,121 +748,118 @@ TEST_F(AllocatorTest, AnEvictedBlockComesBackAheadOfItsPredictedUse) {
   for (void* p : blk) a->free(p, kSize, nullptr);
 }
 
-// SPILLWAY_PLAN: once two steps in a row were alike, the next is planned
-// from the last and the plan carried out at the launches it names. Four
-// carried blocks of 4 MiB fill a 16 MiB budget, of which the plan keeps
-// 2 MiB free (the mover's band): one must be off the device at every launch.
-// A is used at launch 0 and 40, B and C in turn between, D at launches
-// 11-20 only: the plan takes A off right after launch 0 and brings it back
-// before launch 40 (once D has left after 20), so that no use waits for an
-// on-demand restore.
-TEST_F(AllocatorTest, AStepPlanEvictsAndPrefetchesAtTheLaunchesItNames) {
-  constexpr size_t kSize = 4 * MiB;
-  plan_ = true;
-  auto a = make(4 * kSize);
-  ASSERT_NE(nullptr, a);
-  void* blk[4];
-  for (int i = 0; i < 4; ++i) {
-    blk[i] = a->malloc(kSize, nullptr);
-    ASSERT_NE(nullptr, blk[i]);
-    fill(blk[i], kSize, 400u + static_cast<uint64_t>(i), nullptr);
-  }
-  {  // over the budget once: the policy acts from then on
-    void* z = a->malloc(kSize, nullptr);
-    ASSERT_NE(nullptr, z);
-    a->free(z, kSize, nullptr);
-  }
+// The scenario of the step-plan tests: four carried blocks of 4 MiB fill a
+// 16 MiB budget, of which a plan keeps 2 MiB free (the mover's band), so one
+// must be off the device at every launch. A step: A at launch 0 and 40, B
+// and C in turn between, D at launches 11-20 only. A fifth block held for a
+// while before step 0 crosses the budget once (the policy acts from then on)
+// and makes step 0's peak 25% higher than the others'.
+struct FourBlocks {
+  static constexpr size_t kSize = 4 * MiB;
+  AllocatorTest& t;
+  Allocator& a;
+  void* blk[4] = {};
   uint64_t seq = 0;
-  auto touch = [&](int i) {
+
+  void start() {
+    for (int i = 0; i < 4; ++i) {
+      blk[i] = a.malloc(kSize, nullptr);
+      ASSERT_NE(nullptr, blk[i]);
+      t.fill(blk[i], kSize, 400u + static_cast<uint64_t>(i), nullptr);
+    }
+    void* z = a.malloc(kSize, nullptr);
+    ASSERT_NE(nullptr, z);
+    a.free(z, kSize, nullptr);
+  }
+  // One launch using block i, as the tracker reports it.
+  void touch(int i) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
-    const spillway::Touch t{lo, lo + kSize};
+    const spillway::Touch th{lo, lo + kSize};
     spillway::Access acc;
     acc.seq = ++seq;
-    a->before_use(acc, &t, 1);
-    check(blk[i], kSize, 400u + static_cast<uint64_t>(i), nullptr);
-    a->after_use(nullptr, &t, 1);
-  };
+    a.before_use(acc, &th, 1);
+    t.check(blk[i], kSize, 400u + static_cast<uint64_t>(i), nullptr);
+    a.after_use(nullptr, &th, 1);
+  }
+  void middle() {  // launches 1-39
+    for (int l = 1; l < 40; ++l) touch(l > 10 && l <= 20 ? 1 + l % 3 : 1 + l % 2);
+  }
+  void free_all() {
+    for (void* p : blk) a.free(p, kSize, nullptr);
+  }
+};
+
+// SPILLWAY_PLAN: once two steps in a row were alike, the next is planned
+// from the last and the plan carried out at the launches it names: it takes
+// A off right after launch 0 and brings it back before launch 40 (once D
+// has left after 20), so that no use waits for an on-demand restore.
+TEST_F(AllocatorTest, AStepPlanEvictsAndPrefetchesAtTheLaunchesItNames) {
+  plan_ = true;
+  auto a = make(4 * FourBlocks::kSize);
+  ASSERT_NE(nullptr, a);
+  FourBlocks f{*this, *a};
+  f.start();
   Allocator::Residency a_after_first = Allocator::Residency::kUnknown;
   for (int step = 0; step < 4; ++step) {
     const uint64_t on_demand = observed_.bytes(false, spillway::Cause::kOnDemand);
     const uint64_t planned = a->stats().planned_evictions;
-    touch(0);
+    f.touch(0);
     if (step == 3) {
-      a_after_first = a->residency(blk[0]);
+      a_after_first = a->residency(f.blk[0]);
       // An allocation takes A's memory once its copy is done (the host waits
       // for that copy alone): A is then on the host, and only the plan's
       // prefetch keeps launch 40 from restoring it on demand.
-      void* z = a->malloc(kSize, nullptr);
+      void* z = a->malloc(FourBlocks::kSize, nullptr);
       ASSERT_NE(nullptr, z);
-      EXPECT_EQ(Allocator::Residency::kHost, a->residency(blk[0]));
-      a->free(z, kSize, nullptr);
+      EXPECT_EQ(Allocator::Residency::kHost, a->residency(f.blk[0]));
+      a->free(z, FourBlocks::kSize, nullptr);
     }
-    for (int l = 1; l < 40; ++l) touch(l > 10 && l <= 20 ? 1 + l % 3 : 1 + l % 2);
-    touch(0);
+    f.middle();
+    f.touch(0);
     if (step == 3) {
       EXPECT_EQ(on_demand, observed_.bytes(false, spillway::Cause::kOnDemand))
           << "a use waited for an on-demand restore in a planned step";
       EXPECT_LT(planned, a->stats().planned_evictions);
     }
-    a->mark_step(seq);
-    // Steps 0 and 3 held a fifth block for a while (the allocations above),
-    // so their peaks were 25% above the others': only step 2 was like the
-    // one before, and only step 3 is planned.
+    a->mark_step(f.seq);
+    // Steps 0 and 3 held a fifth block for a while, so their peaks were 25%
+    // above the others': only step 2 was like the one before, and only
+    // step 3 is planned.
     EXPECT_EQ(step >= 2 ? 1u : 0u, a->stats().plans_made) << "after step " << step;
   }
   EXPECT_NE(Allocator::Residency::kDevice, a_after_first) << "A stayed after its last use";
   EXPECT_NE(Allocator::Residency::kUnknown, a_after_first);
   EXPECT_EQ(0u, mismatches());
-  for (void* p : blk) a->free(p, kSize, nullptr);
+  f.free_all();
 }
 
 // With the background mover, the plan is made on its thread (the step mark
 // only queues the model) and installed under the lock once made; every byte
 // stays intact meanwhile. Real time: the test polls for the mover's round.
 TEST_F(AllocatorTest, AStepPlanIsMadeOnTheMoversThread) {
-  constexpr size_t kSize = 4 * MiB;
   plan_ = true;
   background_ = true;
-  auto a = make(4 * kSize);
+  auto a = make(4 * FourBlocks::kSize);
   ASSERT_NE(nullptr, a);
-  void* blk[4];
-  for (int i = 0; i < 4; ++i) {
-    blk[i] = a->malloc(kSize, nullptr);
-    ASSERT_NE(nullptr, blk[i]);
-    fill(blk[i], kSize, 500u + static_cast<uint64_t>(i), nullptr);
-  }
-  {  // over the budget once: the policy acts from then on (step 0's peak is higher)
-    void* z = a->malloc(kSize, nullptr);
-    ASSERT_NE(nullptr, z);
-    a->free(z, kSize, nullptr);
-  }
-  uint64_t seq = 0;
-  auto touch = [&](int i) {
-    const uintptr_t lo = reinterpret_cast<uintptr_t>(blk[i]);
-    const spillway::Touch t{lo, lo + kSize};
-    spillway::Access acc;
-    acc.seq = ++seq;
-    a->before_use(acc, &t, 1);
-    check(blk[i], kSize, 500u + static_cast<uint64_t>(i), nullptr);
-    a->after_use(nullptr, &t, 1);
-  };
+  FourBlocks f{*this, *a};
+  f.start();
   for (int step = 0; step < 3; ++step) {
-    touch(0);
-    for (int l = 1; l < 40; ++l) touch(l > 10 && l <= 20 ? 1 + l % 3 : 1 + l % 2);
-    touch(0);
-    a->mark_step(seq);
+    f.touch(0);
+    f.middle();
+    f.touch(0);
+    a->mark_step(f.seq);
   }
   uint64_t made = 0;
   for (int i = 0; i < 5000 && (made = a->stats().plans_made) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(1u, made) << "steps 1 and 2 were alike: one plan, for step 3";
-  touch(0);
-  for (int l = 1; l < 40; ++l) touch(l > 10 && l <= 20 ? 1 + l % 3 : 1 + l % 2);
-  touch(0);
+  f.touch(0);
+  f.middle();
+  f.touch(0);
   EXPECT_GT(a->stats().planned_evictions, 0u);
   EXPECT_EQ(0u, mismatches());
   a->stop_background();
-  for (void* p : blk) a->free(p, kSize, nullptr);
+  f.free_all();
 }
 
 // Once under pressure, a launch's blocks are marked after it (an event on
