@@ -129,6 +129,11 @@ class Allocator final : public AccessSink, private DeviceRoom {
   void mark_step(uint64_t end);
 
   Stats stats();
+  // An allocation once had to evict: the job does not fit its budget.
+  bool crossed_budget() {
+    std::lock_guard lk(mu_);
+    return budget_.over_seen();
+  }
   // The recent peaks (Stats::recent_peak_*) start again from the levels now.
   void reset_recent_peaks();
   // Stops the background mover (at exit: it must not outlive the logger and

@@ -29,7 +29,7 @@ struct Config {
   // SPILLWAY_PLAN: at each step mark, plan the next step's evictions and
   // prefetches from the learned one (policy/planner.h) and carry them out
   // (off: the learned schedule's window alone).
-  bool plan = false;
+  bool plan = true;
   LogLevel log_level = LogLevel::kInfo;
   std::string log_file;     // empty: stderr
   std::string stats_file;   // SPILLWAY_STATS

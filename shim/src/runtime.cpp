@@ -105,8 +105,8 @@ void Runtime::start_observers() {
   // Device timestamps, kernels and kernel durations come from CUPTI's
   // activity records: one reader per process, which needs the tracker's CUPTI.
   std::string no_activity = "no access tracking";
-  const bool plan = tracker_ && cfg_.plan && cfg_.mode == Mode::kHost;
-  if (tracker_ && (!cfg_.trace_file.empty() || recorder_ || plan)) {
+  plan_ = tracker_ && cfg_.plan && cfg_.mode == Mode::kHost;
+  if (tracker_ && (!cfg_.trace_file.empty() || recorder_)) {
     if (const cupti::Api* api = cupti::load(cfg_.cupti_path, &no_activity))
       activity_ = cupti::ActivityReader::open(*api, &no_activity);
   }
@@ -128,14 +128,13 @@ void Runtime::start_observers() {
     else
       log::warn("SPILLWAY_RECORD: kernel durations are not recorded ({})", no_activity);
   }
-  if (plan) {
-    if (activity_) {
-      launch_records_ = std::make_unique<LaunchRecords>(*this);
-      activity_->listen(launch_records_.get());
-    } else {
-      log::warn("SPILLWAY_PLAN: no launch durations ({}): every launch is planned as equally long",
-                no_activity);
-    }
+  // The step plans' launch durations: from the reader the trace or the
+  // record starts, else from one started once a budget is crossed (a job
+  // that fits pays for no activity records; start_launch_records).
+  if (plan_ && activity_) {
+    launch_records_ = std::make_unique<LaunchRecords>(*this);
+    activity_->listen(launch_records_.get());
+    plan_reader_.store(activity_.get(), std::memory_order_release);
   }
   if (activity_) {
     if (activity_->has_listeners())
@@ -303,12 +302,41 @@ void Runtime::LaunchRecords::on_records(std::span<const cupti::DeviceRecord> rec
         a->on_launch_record(r.correlation, r.start, r.end);
 }
 
+void Runtime::start_launch_records() {
+  std::lock_guard lk(mu_);
+  if (launch_records_ || activity_ || plan_failed_) return;
+  std::string why;
+  const cupti::Api* api = cupti::load(cfg_.cupti_path, &why);
+  std::unique_ptr<cupti::ActivityReader> reader =
+      api ? cupti::ActivityReader::open(*api, &why) : nullptr;
+  if (!reader) {
+    plan_failed_ = true;
+    log::warn("SPILLWAY_PLAN: no launch durations ({}): every launch is planned as equally long",
+              why);
+    return;
+  }
+  launch_records_ = std::make_unique<LaunchRecords>(*this);
+  reader->listen(launch_records_.get());
+  reader->start();
+  activity_ = std::move(reader);
+  plan_reader_.store(activity_.get(), std::memory_order_release);
+}
+
 void Runtime::mark_step() {
   const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+  cupti::ActivityReader* reader = plan_reader_.load(std::memory_order_acquire);
+  if (plan_ && !reader) {
+    bool crossed = false;
+    for (size_t i = 0; i < active_count_.load(std::memory_order_acquire); ++i)
+      if (Allocator* a = active_[i].load(std::memory_order_acquire))
+        crossed = a->crossed_budget() || crossed;
+    if (crossed) start_launch_records();
+    reader = plan_reader_.load(std::memory_order_acquire);
+  }
   // The step's launch durations, as far as CUPTI has them, before the plan
   // for the next step is made from them (what is not delivered by then
   // counts from the step after).
-  if (launch_records_) activity_->sync(std::chrono::milliseconds(20));
+  if (reader) reader->sync(std::chrono::milliseconds(20));
   if (!observers_.empty()) observers_.on_step(next);
   // Where the step ends in the order of accesses: launches after it belong
   // to the next step, whether or not they touch a large block.
@@ -355,7 +383,12 @@ void Runtime::report_at_exit() {
   // a quieter level than info.
   // The reader first: its last records bring the trace's kernels and the
   // record's durations.
-  if (activity_) activity_->stop();
+  cupti::ActivityReader* activity = nullptr;
+  {
+    std::lock_guard lk(mu_);  // start_launch_records may have made it meanwhile
+    activity = activity_.get();
+  }
+  if (activity) activity->stop();
   if (trace_) trace_->finish();
   if (recorder_) recorder_->close();
   auto& l = log::get();

@@ -70,6 +70,9 @@ class Runtime final : public AccessSink {
   void report_at_exit();
   void start_tracking();
   void start_observers();  // SPILLWAY_STACKS, SPILLWAY_TRACE, SPILLWAY_RECORD
+  // SPILLWAY_PLAN without a trace or record: the activity reader starts at
+  // the first step mark after a budget was crossed.
+  void start_launch_records();
 
   // The launch durations a step plan needs (SPILLWAY_PLAN), from the
   // activity records, to the allocator of the record's device.
@@ -99,6 +102,11 @@ class Runtime final : public AccessSink {
   std::unique_ptr<LaunchRecords> launch_records_;
   Observers observers_;  // the allocators' observer (null when it is empty)
   bool blind_ = false;
+  bool plan_ = false;         // SPILLWAY_PLAN in effect (tracker, host mode)
+  bool plan_failed_ = false;  // no activity reader for it (warned once)
+  // The reader launch_records_ listens to, once there is one (the step marks
+  // read it without the lock).
+  std::atomic<cupti::ActivityReader*> plan_reader_{nullptr};
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> unserved_{0};
   std::atomic<uint64_t> own_seq_{0};  // access numbers without a tracker

@@ -290,17 +290,16 @@ TEST_F(ReplayTest, BadArgumentsExitTwo) {
   }
 }
 
-// SPILLWAY_PLAN=on through the preloaded path: launch durations from the
-// activity records, a plan made once two steps were alike (steps 0 and 1
+// Step plans (SPILLWAY_PLAN, on by default) through the preloaded path:
+// launch durations from the activity records (a reader started once the
+// budget was crossed), a plan made once two steps were alike (steps 0 and 1
 // of five), carried out in the steps after, every byte kept.
 TEST_F(ReplayTest, StepPlansAreMadeAndCarriedOutWithEveryByteKept) {
   Shape five;
   five.steps = 5;
   const std::string trace = (dir_ / "five.spwt").string();
   write_transformer(trace, five);
-  ASSERT_EQ(0, setenv("SPILLWAY_PLAN", "on", 1));
   Result r = replay({"--budget", "40%"}, trace);
-  ASSERT_EQ(0, unsetenv("SPILLWAY_PLAN"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.num("steps_completed"), 5);
   EXPECT_TRUE(r.flag("integrity_ok")) << r.json;
@@ -310,9 +309,16 @@ TEST_F(ReplayTest, StepPlansAreMadeAndCarriedOutWithEveryByteKept) {
   EXPECT_GT(r.num("planned_prefetches"), 0) << r.json;
   EXPECT_LE(r.num("peak_device_bytes"), r.num("budget_bytes"));
 
-  Result off = replay({"--budget", "40%"}, trace);  // the default: no plan
+  ASSERT_EQ(0, setenv("SPILLWAY_PLAN", "off", 1));
+  Result off = replay({"--budget", "40%"}, trace);
+  ASSERT_EQ(0, unsetenv("SPILLWAY_PLAN"));
   EXPECT_TRUE(off.flag("integrity_ok")) << off.json;
   EXPECT_EQ(off.num("plans_made"), 0) << off.json;
+
+  Result fits = replay({"--budget", "100%"}, trace);  // nothing to plan
+  EXPECT_TRUE(fits.flag("integrity_ok")) << fits.json;
+  EXPECT_EQ(fits.num("plans_made"), 0) << fits.json;
+  EXPECT_EQ(fits.num("bytes_device_to_host"), 0) << fits.json;
 }
 
 TEST_F(ReplayTest, StepsLimitsTheReplay) {

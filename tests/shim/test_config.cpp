@@ -181,10 +181,10 @@ TEST(ShimConfig, PrefetchIsALaunchCountOnByDefault) {
     refused("SPILLWAY_PREFETCH", v, "a number of launches from 0 (off) to 1000000");
 }
 
-TEST(ShimConfig, StepPlansAreOffByDefaultAndTakeOnOrOff) {
+TEST(ShimConfig, StepPlansAreOnByDefaultAndTakeOnOrOff) {
   const Parsed none = parse({});
   ASSERT_TRUE(none.cfg.has_value()) << none.error;
-  EXPECT_FALSE(none.cfg->plan);
+  EXPECT_TRUE(none.cfg->plan);
   EXPECT_TRUE(accepted("SPILLWAY_PLAN", "on").plan);
   EXPECT_FALSE(accepted("SPILLWAY_PLAN", "off").plan);
   for (const char* v : {"", "1", "ON", "yes", "on "})
