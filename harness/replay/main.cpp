@@ -22,6 +22,7 @@
 #include "engine.h"
 #include "ideal.h"
 #include "replay.h"
+#include "spillway_version.h"
 
 extern char** environ;
 
@@ -35,7 +36,7 @@ constexpr const char* kUsage =
     "         [--mode host|managed|off] [--strategy "
     "spillway|none|save_on_cpu|torchtune|layerwise]\n"
     "         [--steps N] [--json OUT] [--trace-out chrome.json] [--no-data]\n"
-    "         [--layers N] [--offload-layers K] [--shim PATH]\n"
+    "         [--layers N] [--offload-layers K] [--shim PATH] [--version]\n"
     "Replays a .spwt trace through libspillway.so on the simulated GPU.\n"
     "Every time it reports is SIMULATED time (the sim's virtual clock).\n"
     "SIZE: 40GiB, 512MiB, 1.5GB, 4096 (bytes); PCT: a percentage of the trace's\n"
@@ -98,6 +99,9 @@ Options parse_args(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--version") {
+      std::printf("spillway-replay %s\n", SPILLWAY_VERSION);
       std::exit(0);
     } else if (a == "--budget") {
       o.budget = value(i);
@@ -437,7 +441,9 @@ int main(int argc, char** argv) {
   const uint64_t lower_bound = lower_bound_ns(a, a.steps, budget, base);
 
   std::ostringstream j;
-  j << "{\n  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
+  j << "{\n  \"version\": \"" SPILLWAY_VERSION "\",\n";
+  j << "  \"schema\": " << SPILLWAY_JSON_SCHEMA << ",\n";
+  j << "  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
   j << "  \"trace\": \"" << json_escape(o.trace) << "\",\n";
   j << "  \"strategy\": \"" << name_of(o.strategy) << "\",\n";
   j << "  \"mode\": \"" << mode << "\",\n";

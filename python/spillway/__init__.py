@@ -21,7 +21,12 @@ docs/python.md documents every function and each key of memory_stats().
 import _thread
 import os
 
+# spillway's version (semantic): project()'s VERSION in CMakeLists.txt, which
+# libspillway.so reports through spillway_version() (a test compares them).
+__version__ = "0.1.0"
+
 __all__ = [
+    "__version__",
     "ConfigError",
     "SpillwayWarning",
     "enabled",

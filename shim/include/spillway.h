@@ -30,6 +30,9 @@ void* spillway_malloc(size_t size, int device, struct CUstream_st* stream);
  * mismatch is logged and ignored: nothing is freed, nothing crashes. */
 void spillway_free(void* ptr, size_t size, int device, struct CUstream_st* stream);
 
+/* spillway's version, semantic ("0.1.0"): a static string. Starts nothing. */
+const char* spillway_version(void);
+
 /* Marks the end of a training step (optional; counted in the statistics). */
 void spillway_mark_step(void);
 

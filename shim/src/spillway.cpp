@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "runtime.h"
+#include "spillway_version.h"
 
 extern char** environ;
 
@@ -32,6 +33,10 @@ ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* s
   if (!a) return;
   if (!rt.observers().empty()) rt.observers().on_free({ptr, size, stream, device, nullptr});
   a->free(ptr, size, stream);
+}
+
+ABI_EXPORT const char* spillway_version(void) {
+  return SPILLWAY_VERSION;
 }
 
 ABI_EXPORT void spillway_mark_step(void) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "size.h"
+#include "spillway_version.h"
 
 namespace spillway {
 
@@ -17,7 +18,8 @@ void add_device(Stats* sum, const Stats& d) {
 }
 
 std::string to_json(const Stats& s, uint64_t steps) {
-  std::string out = "{";
+  // Which spillway wrote it, and the layout of its keys (spillway_version.h).
+  std::string out = "{\"version\": \"" SPILLWAY_VERSION "\"";
   auto add = [&](const char* k, uint64_t v) {
     if (out.size() > 1) out += ", ";
     out += "\"";
@@ -25,6 +27,7 @@ std::string to_json(const Stats& s, uint64_t steps) {
     out += "\": ";
     out += std::to_string(v);
   };
+  add("schema", SPILLWAY_JSON_SCHEMA);
   add("steps", steps);
 #define SPILLWAY_STAT(name, combine, meaning) add(#name, s.name);
 #include "stats_fields.def"

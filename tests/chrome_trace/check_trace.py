@@ -57,6 +57,8 @@ def main():
         "direction_tracks": 0,
         "has_end": 0,
         "has_start": 0,
+        "versioned": 0,
+        "schema": 0,
         "simulated": 0,
     }
     causes = {"budget", "pressure", "prefetch", "on-demand"}
@@ -95,6 +97,10 @@ def main():
         elif name == "spillway trace start":
             out["has_start"] = 1
             out["simulated"] = int(args.get("simulated_time", False))
+            # Which spillway wrote it: a version of three numbers, the JSON schema.
+            v = str(args.get("spillway_version", ""))
+            out["versioned"] = int(len(v.split(".")) == 3 and all(p.isdigit() for p in v.split(".")))
+            out["schema"] = int(args.get("schema", 0))
         elif name == "spillway trace end":
             out["has_end"] = 1
             for k, v in args.items():

@@ -178,6 +178,7 @@ class ChromeTraceRun : public ::testing::Test {
     need(at("stream_tracks") >= 1, "a stream track");
     need(at("direction_tracks") == 2, "two direction tracks");
     need(at("simulated") == 1, "marked simulated");
+    need(at("versioned") == 1 && at("schema") == 1, "spillway's version and JSON schema");
     // Every transfer spillway counted is in the trace, with its cause and
     // block, on the device clock (joined to its activity record).
     need(at("evictions") > 0 && at("restores") > 0, "evictions and restores");

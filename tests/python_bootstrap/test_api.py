@@ -165,3 +165,26 @@ c = malloc(4 * MiB)  # nothing is pinned any more: room can be made
 print(json.dumps(raw()))
 """, SPILLWAY_GPU_BUDGET="8MiB")
     assert out["blocks_evicted"] == 1 and out["ooms"] == 0
+
+
+def test_one_version_everywhere(spw):
+    """project()'s VERSION is what the library, the package, the tools and the JSON report."""
+    import os
+    import re
+    import subprocess
+    from conftest import ROOT
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        version = re.search(r"project\(spillway VERSION (\d+\.\d+\.\d+)", f.read()).group(1)
+    out = run_json(spw, """
+lib.spillway_version.restype = ctypes.c_char_p
+print(json.dumps({"lib": lib.spillway_version().decode(), "py": spillway.__version__,
+                  "stats": spillway.stats()}))
+""")
+    assert out["lib"] == version
+    assert out["py"] == version
+    assert (out["stats"]["version"], out["stats"]["schema"]) == (version, 1)
+    r = spw.run([spw.launcher, "--version"], spw.environ())
+    assert (r.returncode, r.stdout) == (0, "spillway-run %s\n" % version), r.stderr
+    replay = os.path.join(spw.build, "bin", "spillway-replay")
+    r = subprocess.run([replay, "--version"], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "spillway-replay %s\n" % version), r.stderr

@@ -353,7 +353,7 @@ TEST_F(ShimAbi, ExportsExactlyTheAbiFunctions) {
   const std::set<std::string> expected = {
       "spillway_malloc", "spillway_free", "spillway_mark_step", "spillway_stats_json",
       "spillway_pin", "spillway_unpin", "spillway_prefetch", "spillway_check_config",
-      "spillway_reset_peak_stats",
+      "spillway_reset_peak_stats", "spillway_version",
       // NCCL interposition (docs/nccl.md)
       "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce",
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd"};
