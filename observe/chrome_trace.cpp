@@ -225,11 +225,11 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
   t->out_len_ = head.size();
   t->line(
       "{\"name\":\"spillway trace start\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%s,"
-      "\"args\":{\"spillway_version\":\"" SPILLWAY_VERSION
-      "\",\"schema\":%d,\"clock\":\"%s\",\"simulated_time\":%s,\"simulated_gpu\":%s,\"base_ns\":"
+      "\"args\":{\"spillway_version\":\"%s\",\"schema\":%d,\"clock\":\"%s\",\"simulated_time\":%s,"
+      "\"simulated_gpu\":%s,\"base_ns\":"
       "%" PRIu64 ",\"trace_clock_at_start_ns\":%" PRIu64 ",\"monotonic_at_start_ns\":%" PRIu64
       ",\"pid\":%d}}",
-      t->ts(t->start_trace_ns_).c_str(), SPILLWAY_JSON_SCHEMA,
+      t->ts(t->start_trace_ns_).c_str(), kVersion, kJsonSchema,
       t->api_ ? "cupti (cuptiGetTimestamp and activity records)" : "host (CLOCK_MONOTONIC)",
       t->simulated_ ? "true" : "false", t->sim_driver_ ? "true" : "false", t->base_,
       t->start_trace_ns_, t->start_monotonic_ns_, t->owner_pid_);

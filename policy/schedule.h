@@ -66,6 +66,8 @@ class ScheduleChooser final : public VictimChooser {
   // allocation or free between them is placed at the last one that did, and
   // a block freed without a use in its step is left out.
   StepModel learned_step(uint64_t granule) const;
+  // Its launch count (learned_step's launch_ns.size()), without building it.
+  uint32_t learned_launches() const { return have_prev_ ? prev_len_ : 0; }
   // The name a live block's Move::block has in learned_step's model (its
   // predecessor's), or 0 if it has none yet (not used yet in this step).
   uint64_t model_id(uint64_t id) const;

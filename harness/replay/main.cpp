@@ -101,7 +101,7 @@ Options parse_args(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (a == "--version") {
-      std::printf("spillway-replay %s\n", SPILLWAY_VERSION);
+      std::printf("spillway-replay %s\n", spillway::kVersion);
       std::exit(0);
     } else if (a == "--budget") {
       o.budget = value(i);
@@ -441,8 +441,8 @@ int main(int argc, char** argv) {
   const uint64_t lower_bound = lower_bound_ns(a, a.steps, budget, base);
 
   std::ostringstream j;
-  j << "{\n  \"version\": \"" SPILLWAY_VERSION "\",\n";
-  j << "  \"schema\": " << SPILLWAY_JSON_SCHEMA << ",\n";
+  j << "{\n  \"version\": \"" << spillway::kVersion << "\",\n";
+  j << "  \"schema\": " << spillway::kJsonSchema << ",\n";
   j << "  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
   j << "  \"trace\": \"" << json_escape(o.trace) << "\",\n";
   j << "  \"strategy\": \"" << name_of(o.strategy) << "\",\n";

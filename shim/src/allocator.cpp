@@ -565,7 +565,6 @@ size_t Allocator::prefetch(const Touch* touches, size_t n) {
 CUresult Allocator::prefetch_block(Block* b) {
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
   const Backing::Start started = backing_->start_prefetch(b);  // evicts no live block
-
   if (started == Backing::Start::kStop) return CUDA_ERROR_OUT_OF_MEMORY;
   if (started != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
   arriving_.push_back(b->ptr);
@@ -616,7 +615,8 @@ bool Allocator::before_use(const Access& a, const Touch* touches, size_t n) {
   for (size_t i = 0; i < n; ++i)
     table_.for_each_block(touches[i], use, [&](Block* b) { note_user(b, stream); });
   last_seq_ = std::max(last_seq_, a.seq);
-  if (o_.plan && schedule_) {
+  // A job that fits its budget plans nothing: it times no launch either.
+  if (o_.plan && schedule_ && budget_.over_seen()) {
     times_.note(a.correlation, schedule_->step_index(a.seq));
     planned_prefetches(a.seq);
   }
@@ -655,8 +655,7 @@ void Allocator::planned_evictions() {
 }
 
 void Allocator::make_plan() {
-  policy::StepModel m = schedule_->learned_step(granule_);
-  const auto n = static_cast<uint32_t>(m.launch_ns.size());
+  const uint32_t n = schedule_->learned_launches();
   // A plan is only as good as the step it was learned from is like the next:
   // only once two steps in a row had the same launches (within 1%) and about
   // the same peak (within 10%) is the job taken to repeat. A first step that
@@ -677,6 +676,7 @@ void Allocator::make_plan() {
     plan_.stop();
     return;
   }
+  policy::StepModel m = schedule_->learned_step(granule_);
   // A launch never timed (no record yet) counts as the median of those that
   // were; with none at all, as a short kernel.
   constexpr uint64_t kUntimedNs = 10'000;
@@ -813,7 +813,6 @@ void Allocator::release(const Touch* touches, size_t n) {
 CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consumer) {
   const uint64_t queued = o_.observer ? monotonic_ns() : 0;
   CUresult r = backing_->restore(b, consumer);
-
   if (r != CUDA_SUCCESS) return r;
   // done_ns is when the block was usable by the consumer: after the copy
   // (host backing), or once the consumer was ordered after the prefetch

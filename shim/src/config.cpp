@@ -117,34 +117,28 @@ std::string set_record_file(const std::string& v, Config* c) {
   return {};
 }
 
-std::string set_stacks(const std::string& v, Config* c) {
-  if (v == "1")
-    c->stacks = true;
-  else if (v == "0")
-    c->stacks = false;
-  else
-    return "1 (record the call site of each large allocation) or 0";
+// A switch spelled two ways: `yes` sets it, `no` clears it; anything else
+// is refused with `forms`.
+std::string set_switch(const std::string& v, const char* yes, const char* no, bool* out,
+                       const char* forms) {
+  if (v != yes && v != no) return forms;
+  *out = v == yes;
   return {};
+}
+
+std::string set_stacks(const std::string& v, Config* c) {
+  return set_switch(v, "1", "0", &c->stacks,
+                    "1 (record the call site of each large allocation) or 0");
 }
 
 std::string set_plan(const std::string& v, Config* c) {
-  if (v == "on")
-    c->plan = true;
-  else if (v == "off")
-    c->plan = false;
-  else
-    return "on (plan each step's evictions and prefetches from the last) or off";
-  return {};
+  return set_switch(v, "on", "off", &c->plan,
+                    "on (plan each step's evictions and prefetches from the last) or off");
 }
 
 std::string set_cupti(const std::string& v, Config* c) {
-  if (v == "auto")
-    c->cupti = true;
-  else if (v == "off")
-    c->cupti = false;
-  else
-    return "auto (track accesses through CUPTI when it can be had) or off";
-  return {};
+  return set_switch(v, "auto", "off", &c->cupti,
+                    "auto (track accesses through CUPTI when it can be had) or off");
 }
 
 std::string set_cupti_path(const std::string& v, Config* c) {

@@ -6,21 +6,21 @@ namespace spillway {
 
 void LaunchTimes::note(uint32_t correlation, uint32_t index) {
   if (correlation == 0 || index >= kMaxLaunches) return;
-  std::lock_guard lk(mu_);
-  // Records lost by CUPTI never come: past the bound, start again rather
-  // than grow.
-  if (waiting_.size() >= kMaxLaunches) waiting_.clear();
-  waiting_[correlation] = index;
+  waiting_[correlation % kWaiting].store(uint64_t{correlation} << 32 | index,
+                                         std::memory_order_relaxed);
 }
 
 void LaunchTimes::on_record(uint32_t correlation, uint64_t start, uint64_t end) {
+  if (correlation == 0) return;
+  std::atomic<uint64_t>& slot = waiting_[correlation % kWaiting];
+  uint64_t v = slot.load(std::memory_order_relaxed);
+  // Taken once: a second record of the same id (a copy the driver split)
+  // finds the slot empty.
+  if (v >> 32 != correlation || !slot.compare_exchange_strong(v, 0, std::memory_order_relaxed))
+    return;
+  const auto index = static_cast<uint32_t>(v);
   std::lock_guard lk(mu_);
-  auto it = waiting_.find(correlation);
-  if (it == waiting_.end()) return;
-  const uint32_t index = it->second;
-  waiting_.erase(it);
   if (ns_.size() <= index) ns_.resize(index + 1, 0);
-  // A launch's records (a kernel, or a copy split by the driver) add up.
   ns_[index] = end > start ? end - start : 1;
 }
 

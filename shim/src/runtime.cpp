@@ -324,19 +324,21 @@ void Runtime::start_launch_records() {
 
 void Runtime::mark_step() {
   const uint64_t next = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
-  cupti::ActivityReader* reader = plan_reader_.load(std::memory_order_acquire);
-  if (plan_ && !reader) {
+  if (plan_) {
+    // Only a job over its budget is planned: it alone needs the durations.
     bool crossed = false;
-    for (size_t i = 0; i < active_count_.load(std::memory_order_acquire); ++i)
-      if (Allocator* a = active_[i].load(std::memory_order_acquire))
-        crossed = a->crossed_budget() || crossed;
-    if (crossed) start_launch_records();
-    reader = plan_reader_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < active_count_.load(std::memory_order_acquire) && !crossed; ++i)
+      if (Allocator* a = active_[i].load(std::memory_order_acquire)) crossed = a->crossed_budget();
+    cupti::ActivityReader* reader = plan_reader_.load(std::memory_order_acquire);
+    if (crossed && !reader) {
+      start_launch_records();
+      reader = plan_reader_.load(std::memory_order_acquire);
+    }
+    // The step's launch durations, as far as CUPTI has them, before the
+    // plan for the next step is made from them (what is not delivered by
+    // then counts from the step after).
+    if (crossed && reader) reader->sync(std::chrono::milliseconds(20));
   }
-  // The step's launch durations, as far as CUPTI has them, before the plan
-  // for the next step is made from them (what is not delivered by then
-  // counts from the step after).
-  if (reader) reader->sync(std::chrono::milliseconds(20));
   if (!observers_.empty()) observers_.on_step(next);
   // Where the step ends in the order of accesses: launches after it belong
   // to the next step, whether or not they touch a large block.

@@ -36,7 +36,7 @@ ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* s
 }
 
 ABI_EXPORT const char* spillway_version(void) {
-  return SPILLWAY_VERSION;
+  return spillway::kVersion;
 }
 
 ABI_EXPORT void spillway_mark_step(void) {

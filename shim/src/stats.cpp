@@ -19,7 +19,7 @@ void add_device(Stats* sum, const Stats& d) {
 
 std::string to_json(const Stats& s, uint64_t steps) {
   // Which spillway wrote it, and the layout of its keys (spillway_version.h).
-  std::string out = "{\"version\": \"" SPILLWAY_VERSION "\"";
+  std::string out = std::string("{\"version\": \"") + kVersion + "\"";
   auto add = [&](const char* k, uint64_t v) {
     if (out.size() > 1) out += ", ";
     out += "\"";
@@ -27,7 +27,7 @@ std::string to_json(const Stats& s, uint64_t steps) {
     out += "\": ";
     out += std::to_string(v);
   };
-  add("schema", SPILLWAY_JSON_SCHEMA);
+  add("schema", kJsonSchema);
   add("steps", steps);
 #define SPILLWAY_STAT(name, combine, meaning) add(#name, s.name);
 #include "stats_fields.def"

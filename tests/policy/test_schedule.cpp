@@ -275,7 +275,8 @@ TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
   ScheduleChooser c;
   Feeder f(c);
   EXPECT_TRUE(c.learned_step(2 * kMiB).launch_ns.empty());  // nothing learned yet
-  c.on_alloc(W);                                            // a weight, made before any step
+  EXPECT_EQ(0u, c.learned_launches());
+  c.on_alloc(W);  // a weight, made before any step
   f.launch({W});
   f.step();
   c.on_alloc(A);     // an activation, made before the step's first launch
@@ -289,6 +290,7 @@ TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
   f.step();          // A stays live: it is carried into the next step
   const StepModel m = c.learned_step(2 * kMiB);
   ASSERT_EQ(5u, m.launch_ns.size());
+  EXPECT_EQ(5u, c.learned_launches());
   ASSERT_EQ(3u, m.blocks.size());
   auto find = [&](uint64_t id) -> const StepModel::Block* {
     for (const auto& b : m.blocks)

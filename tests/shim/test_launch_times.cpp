@@ -30,6 +30,18 @@ TEST(LaunchTimes, ARecordTimesTheLaunchItsCorrelationIdNamed) {
   EXPECT_EQ(2000u, t.durations(1, 7)[0]);
 }
 
+// Ids wait in a bounded table: a record that comes after kWaiting more
+// launches were noted finds its slot taken by a later id and is dropped.
+TEST(LaunchTimes, ARecordTooLateIsDroppedNotMisattributed) {
+  LaunchTimes t;
+  t.note(7, 0);
+  t.note(7 + LaunchTimes::kWaiting, 1);  // the same slot
+  t.on_record(7, 0, 500);
+  EXPECT_EQ(0u, t.measured());
+  t.on_record(7 + LaunchTimes::kWaiting, 0, 800);
+  EXPECT_EQ(800u, t.durations(2, 1)[1]);
+}
+
 TEST(LaunchTimes, OutOfRangeAndZeroIdsAreIgnored) {
   LaunchTimes t;
   t.note(0, 0);  // no correlation id (work spillway reports itself)
