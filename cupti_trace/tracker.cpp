@@ -1,7 +1,6 @@
 #include "tracker.h"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <cstring>
 
@@ -15,8 +14,16 @@ namespace {
 thread_local bool t_in_callback = false;
 // Runtime launches scanned on this thread and not yet returned: the driver
 // launch the runtime makes inside one is the same launch (de-duplicated by
-// nesting: the two carry different correlation ids, cupti_callbacks.h).
+// nesting, not by correlation id: cupti_callbacks.h gives each API call its
+// own, while an H100 with driver 580 gave the nested pair the same one,
+// docs/gpu.md).
 thread_local int t_runtime_scanned = 0;
+// Launches scanned on this thread: a runtime launch that returns without one
+// nested in it was never seen by the driver callbacks.
+thread_local uint64_t t_launches_scanned = 0;
+// correlationData of a runtime launch: this bit when it was scanned there,
+// else the thread's t_launches_scanned at its enter.
+constexpr uint64_t kScannedAtRuntime = uint64_t{1} << 63;
 
 // The callbacks spillway needs, and only those (design.md 5).
 constexpr CUpti_CallbackId kLaunches[] = {
@@ -58,8 +65,13 @@ constexpr CUpti_CallbackId kCopiesAndSets[] = {
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz,
 };
 
-// Runtime-domain launches (design.md 5). The driver callbacks of the launch
-// the runtime makes inside them are skipped when the runtime one was scanned.
+// Runtime-domain launches (design.md 5). `__cudaLaunchKernel` names a
+// CUkernel the driver can query, so it is scanned there and the driver launch
+// made inside it skipped. The others name a host stub only libcudart can map
+// to a function, and spillway never calls the runtime: its lookup failing
+// sets the job's cudaGetLastError (a preloaded spillway made PyTorch raise
+// "invalid device function" on an H100, docs/gpu.md). Their nested driver
+// launch is scanned instead, and one that never comes is counted.
 constexpr CUpti_CallbackId kRuntimeLaunches[] = {
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
@@ -85,16 +97,6 @@ constexpr CUpti_CallbackId kGraphs[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy,
     CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy,
 };
-
-// The runtime's own lookup of a kernel's driver function from its host stub
-// (cudaFunction_t is CUfunction), found in the process's libcudart. Without
-// it, runtime launches are scanned by their nested driver callbacks.
-using GetFuncBySymbol = cudaError_t (*)(cudaFunction_t*, const void*);
-GetFuncBySymbol runtime_lookup() {
-  static GetFuncBySymbol fn =
-      reinterpret_cast<GetFuncBySymbol>(dlsym(RTLD_DEFAULT, "cudaGetFuncBySymbol"));
-  return fn;
-}
 
 // A _ptsz/_ptds call with a NULL stream means the thread's default stream.
 CUstream per_thread(CUstream s) {
@@ -149,7 +151,8 @@ std::unique_ptr<Tracker> Tracker::start(const cupti::Api& api, const cu::Driver&
   for (CUpti_CallbackId id : kGraphs) ok = enable(id) && ok;
   if (!ok) return nullptr;  // the destructor unsubscribes
   // The runtime domain is optional: the driver callbacks see every launch
-  // the runtime makes (a refusal here only loses the de-duplication).
+  // the runtime makes on the drivers checked (a refusal here only loses the
+  // count of runtime launches they did not see).
   for (CUpti_CallbackId id : kRuntimeLaunches)
     if (api.cuptiEnableCallback(1, t->subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API, id) !=
         CUPTI_SUCCESS)
@@ -176,13 +179,15 @@ void CUPTIAPI Tracker::callback(void* self, CUpti_CallbackDomain domain, CUpti_C
     t->release_held();
   CurrentCall::set_correlation(cb->correlationId);
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-    // correlationData carries "scanned" from the enter to the exit callback.
     if (cb->callbackSite == CUPTI_API_ENTER) {
       Scope scope;
-      *cb->correlationData = t->on_runtime_launch(cbid, cb->functionParams) ? 1 : 0;
-      t_runtime_scanned += static_cast<int>(*cb->correlationData);
-    } else {
-      t_runtime_scanned -= static_cast<int>(*cb->correlationData);
+      const bool scanned = t->on_runtime_launch(cbid, cb->functionParams);
+      *cb->correlationData = scanned ? kScannedAtRuntime : t_launches_scanned;
+      t_runtime_scanned += scanned ? 1 : 0;
+    } else if (*cb->correlationData == kScannedAtRuntime) {
+      --t_runtime_scanned;
+    } else if (*cb->correlationData == t_launches_scanned) {
+      t->on_unseen_runtime_launch(cb);
     }
     return;
   }
@@ -201,30 +206,6 @@ bool Tracker::on_runtime_launch(CUpti_CallbackId cbid, const void* p) {
   CUstream stream = nullptr;
   bool per_thread_stream = false;
   switch (cbid) {
-    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
-      per_thread_stream = true;
-      [[fallthrough]];
-    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000: {
-      auto* a = static_cast<const cudaLaunchKernel_v7000_params*>(p);
-      GetFuncBySymbol lookup = runtime_lookup();
-      if (!lookup || lookup(reinterpret_cast<cudaFunction_t*>(&f), a->func) != cudaSuccess)
-        return false;
-      args = a->args;
-      stream = a->stream;
-      break;
-    }
-    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
-      per_thread_stream = true;
-      [[fallthrough]];
-    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060: {
-      auto* a = static_cast<const cudaLaunchKernelExC_v11060_params*>(p);
-      GetFuncBySymbol lookup = runtime_lookup();
-      if (!lookup || lookup(reinterpret_cast<cudaFunction_t*>(&f), a->func) != cudaSuccess)
-        return false;
-      args = a->args;
-      stream = a->config ? a->config->stream : nullptr;
-      break;
-    }
     case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
       per_thread_stream = true;
       [[fallthrough]];
@@ -560,8 +541,20 @@ const Tracker::Layout& Tracker::layout(CUfunction f) {
   return *slot;
 }
 
+void Tracker::on_unseen_runtime_launch(const CUpti_CallbackData* cb) {
+  // A launch the runtime refused never reached the driver: nothing to see.
+  const auto* rv = static_cast<const cudaError_t*>(cb->functionReturnValue);
+  if (rv && *rv != cudaSuccess) return;
+  if (unseen_runtime_launches_.fetch_add(1, std::memory_order_relaxed) == 0)
+    log::warn(
+        "a runtime launch ({}) reached no driver launch callback: such launches are not "
+        "scanned, and an evicted block they use is read over the link (docs/limitations.md)",
+        cb->functionName ? cb->functionName : "?");
+}
+
 void Tracker::scan_launch(CUfunction f, void** kernel_params, void** extra, CUstream stream) {
   launches_.fetch_add(1, std::memory_order_relaxed);
+  ++t_launches_scanned;
   const Layout& l = layout(f);
   const Access access{Access::Kind::kLaunch, stream, l.name,
                       seq_.fetch_add(1, std::memory_order_relaxed) + 1, CurrentCall::correlation()};

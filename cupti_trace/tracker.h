@@ -7,9 +7,10 @@
 // (cuFuncGetParamInfo, or cuKernelGetParamInfo for a CUkernel), cached per
 // function: every 8-byte-aligned word of the packed arguments is a candidate
 // pointer, interior pointers included; `extra` buffers are scanned whole.
-// Runtime-domain launches are scanned too when the process's libcudart can
-// name their driver function; the driver launch nested inside one is then
-// skipped. Work captured into a CUDA graph holds its blocks resident for as
+// Runtime launches are scanned at the driver launch the runtime makes inside
+// them (CUDA 13's `__cudaLaunchKernel`, which names a CUkernel, at the runtime
+// callback); spillway never calls the CUDA runtime, whose error state is the
+// job's. Work captured into a CUDA graph holds its blocks resident for as
 // long as the graph or an executable made from it exists.
 #pragma once
 
@@ -57,6 +58,11 @@ class Tracker {
   uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t last_seq() const { return seq_.load(std::memory_order_relaxed); }
   uint64_t touches_reported() const { return touches_.load(std::memory_order_relaxed); }
+  // Runtime launches that returned success with no driver launch callback
+  // inside them: not scanned (design.md 5; none on the drivers checked).
+  uint64_t unseen_runtime_launches() const {
+    return unseen_runtime_launches_.load(std::memory_order_relaxed);
+  }
 
   // The parameter layout of a kernel: (offset, size) of each parameter.
   struct Layout {
@@ -75,6 +81,7 @@ class Tracker {
   void on_driver_call(CUpti_CallbackId cbid, const void* params);
   // Returns whether the runtime launch was scanned.
   bool on_runtime_launch(CUpti_CallbackId cbid, const void* params);
+  void on_unseen_runtime_launch(const CUpti_CallbackData* cb);
   // Capture and graph calls; false if `cbid` is not one.
   bool on_graph_call(CUpti_CallbackId cbid, const CUpti_CallbackData* cb);
   // To the sink: before_use, or a hold when the stream is capturing.
@@ -90,7 +97,7 @@ class Tracker {
   CUpti_SubscriberHandle subscriber_ = nullptr;
   std::mutex layouts_mu_;
   std::unordered_map<CUfunction, std::unique_ptr<Layout>> layouts_;
-  std::atomic<uint64_t> launches_{0}, touches_{0}, seq_{0};
+  std::atomic<uint64_t> launches_{0}, touches_{0}, seq_{0}, unseen_runtime_launches_{0};
   std::atomic<InternalCallHook> hook_{nullptr};
   void* hook_ctx_ = nullptr;
   // CUDA graphs: the ranges touched by work captured so far (by capture id),

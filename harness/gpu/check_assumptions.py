@@ -427,8 +427,8 @@ def check_b(gpu, args):
     if nested_same:
         notes.append("some nested pairs share a correlation id")
     if any(p["runtime_without_nested_driver"] for p in per.values()):
-        notes.append("some runtime launches fired no nested driver callback: spillway scans those "
-                     "only through cudaGetFuncBySymbol in the runtime callback (docs/limitations.md)")
+        notes.append("some runtime launches fired no nested driver callback: spillway does not scan "
+                     "those (it counts them and warns once, docs/limitations.md); report this")
     if failed:
         notes.append("no launch callback at all for: " + ", ".join(failed))
     return ("FAIL" if failed or errors else "PASS"), m, notes

@@ -309,15 +309,17 @@ TEST_F(TrackerTest, AFailedCaptureGivesItsBlocksBack) {
   cuStreamDestroy_v2(s);
 }
 
-// A stand-in for the process's libcudart: the tracker looks this up to find
-// the driver function of a runtime launch (the sim's runtime emulation passes
-// the CUfunction itself as the host stub).
-extern "C" cudaError_t cudaGetFuncBySymbol(cudaFunction_t* f, const void* symbol) {
-  *f = reinterpret_cast<cudaFunction_t>(const_cast<void*>(symbol));
-  return cudaSuccess;
+// A stand-in for the process's libcudart lookup of a kernel from its host
+// stub, as a libcudart that does not know the stub answers: the error lands
+// in the job's cudaGetLastError. spillway must never call it (on an H100 a
+// failed lookup made PyTorch raise "invalid device function", docs/gpu.md).
+std::atomic<int> g_runtime_lookups{0};
+extern "C" cudaError_t cudaGetFuncBySymbol(cudaFunction_t*, const void*) {
+  g_runtime_lookups.fetch_add(1);
+  return cudaErrorInvalidDeviceFunction;
 }
 
-TEST_F(TrackerTest, ARuntimeLaunchIsScannedOnceAndRestores) {
+TEST_F(TrackerTest, ARuntimeLaunchIsScannedOnceAndRestoresWithoutTheRuntime) {
   void* p = evicted_block(23);
   CheckArgs a{static_cast<const uint64_t*>(p), 23, 4 * MiB, 0};
   void* params[] = {&a.p, &a.seed, &a.bytes, &a.offset};
@@ -325,10 +327,12 @@ TEST_F(TrackerTest, ARuntimeLaunchIsScannedOnceAndRestores) {
   const uint64_t remote = remote_bytes();
   ASSERT_CU(simcuda_runtime_launch(check_, {1, 1, 1}, {1, 1, 1}, params, 0, nullptr));
   ASSERT_CU(cuCtxSynchronize());
-  EXPECT_EQ(launches + 1, tracker_->launches_seen()) << "the nested driver launch counted again";
+  EXPECT_EQ(launches + 1, tracker_->launches_seen()) << "the launch counted twice, or not at all";
   EXPECT_EQ(remote, remote_bytes());
   EXPECT_EQ(Allocator::Residency::kDevice, alloc_->residency(p));
   EXPECT_EQ(0u, g_bad.load());
+  EXPECT_EQ(0, g_runtime_lookups.load()) << "spillway called the job's CUDA runtime";
+  EXPECT_EQ(0u, tracker_->unseen_runtime_launches());
 }
 
 // The policy is told of every access to an evictable block: which block, on
