@@ -34,8 +34,18 @@ def parse_budgets(text):
         part = part.strip()
         if not part:
             continue
+        if part.endswith("GiB"):
+            try:
+                v = float(part[:-3])
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"'{part}': not a size in GiB")
+            if v <= 0:
+                raise argparse.ArgumentTypeError(f"'{part}': must be above 0GiB")
+            out.append(part)
+            continue
         if not part.endswith("%"):
-            raise argparse.ArgumentTypeError(f"'{part}': budgets are percentages such as 60%")
+            raise argparse.ArgumentTypeError(f"'{part}': budgets are percentages such as 60% "
+                                             "or sizes such as 40GiB")
         try:
             v = float(part[:-1])
         except ValueError:
@@ -48,13 +58,25 @@ def parse_budgets(text):
     return out
 
 
+def budget_bytes(entry, peak):
+    """A --budgets entry in bytes: a size in GiB, or a percentage of `peak`."""
+    if isinstance(entry, str):
+        return int(float(entry[:-3]) * 2**30)
+    return int(peak * entry / 100)
+
+
+def budget_label(entry):
+    return f"spillway-{entry}" if isinstance(entry, str) else f"spillway-{entry:g}%"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="docs/gpu.md: what it checks and what to report.")
     p.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     p.add_argument("--budgets", type=parse_budgets, default=parse_budgets("100%,60%,40%"),
-                   help="budgets as percentages of the reference peak (default 100%%,60%%,40%%)")
+                   help="budgets: percentages of the reference peak, or sizes such as 40GiB "
+                        "(default 100%%,60%%,40%%)")
     p.add_argument("--budget-of", choices=("baseline", "spillway-off"), default="baseline",
                    help="the reference peak: the baseline's max_memory_reserved (default) or "
                         "spillway-off's peak_resident_bytes")
@@ -300,9 +322,9 @@ def main(argv=None):
     if not peak:
         print(f"bench_gpt: the {args.budget_of} run gave no peak; budgets not run", file=sys.stderr)
     else:
-        for pct in args.budgets:
-            budget = int(peak * pct / 100)
-            results.append(run(args, f"spillway-{pct:g}%", {"SPILLWAY_GPU_BUDGET": str(budget)}))
+        for entry in args.budgets:
+            budget = budget_bytes(entry, peak)
+            results.append(run(args, budget_label(entry), {"SPILLWAY_GPU_BUDGET": str(budget)}))
     rows = []
     ok = all("error" not in r for r in results)
     for res in results:

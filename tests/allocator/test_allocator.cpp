@@ -590,6 +590,47 @@ TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
   }
 }
 
+// No block is split, so a request that no cached block fits within an
+// eighth makes a new one (create, map, access; unmap and release later).
+// With no budget, a cached block up to twice the request serves instead;
+// under the budget's pressure, any larger one does (it holds no more than is
+// held now). Lengths that change every step made that churn most of a
+// budgeted step's cost on an H100 (docs/gpu.md).
+TEST_F(AllocatorTest, ALargerCachedBlockServesWhenMakingOneWouldChurn) {
+  struct Case {
+    uint64_t budget;
+    size_t first, second;
+    bool reused;
+  };
+  const Case cases[] = {
+      {0, 16 * MiB, 10 * MiB, true},         // no budget: within twice
+      {0, 20 * MiB, 6 * MiB, false},         // no budget: more than twice
+      {24 * MiB, 20 * MiB, 6 * MiB, true},   // pressed: 20 + 6 > 24
+      {64 * MiB, 20 * MiB, 6 * MiB, false},  // room for a new one
+      {64 * MiB, 20 * MiB, 18 * MiB, true},  // within an eighth, as before
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "budget " << c.budget / MiB << " MiB, " << c.first / MiB
+                                    << " MiB then " << c.second / MiB << " MiB");
+    auto a = make(c.budget);
+    ASSERT_NE(nullptr, a);
+    void* p = a->malloc(c.first, nullptr);
+    ASSERT_NE(nullptr, p);
+    fill(p, c.first, 1, nullptr);
+    a->free(p, c.first, nullptr);
+    const uint64_t creates = simcuda_call_count("cuMemCreate");
+    void* q = a->malloc(c.second, nullptr);
+    ASSERT_NE(nullptr, q);
+    EXPECT_EQ(c.reused, q == p);
+    EXPECT_EQ(c.reused, creates == simcuda_call_count("cuMemCreate"));
+    fill(q, c.second, 2, nullptr);
+    check(q, c.second, 2, nullptr);
+    EXPECT_LE(a->stats().peak_resident_bytes, c.budget ? c.budget : UINT64_MAX);
+    a->free(q, c.second, nullptr);
+  }
+  EXPECT_EQ(0u, mismatches());
+}
+
 // Host memory stays mapped at a staging address of its own while spillway
 // holds it (vmm.h, staged pool): once a block's host memory is pooled, its
 // next eviction maps nothing to start its copy, and the swap is the block's

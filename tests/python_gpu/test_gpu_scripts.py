@@ -45,7 +45,13 @@ def test_bench_gpt_parses_args():
     assert a.budgets == [100.0, 60.0, 40.0] and a.steps == 20 and a.device == "cuda:0"
     a = bench_gpt.parse_args(["--steps", "5", "--budgets", "80%,30%", "--device", "cuda:1", "--out", "x"])
     assert a.budgets == [80.0, 30.0] and a.steps == 5 and a.out == "x" and a.device == "cuda:1"
-    for bad in ("60", "0%", "abc%", ""):
+    assert a.budget_of == "baseline"
+    a = bench_gpt.parse_args(["--budgets", "60%,40.5GiB", "--budget-of", "spillway-off"])
+    assert a.budgets == [60.0, "40.5GiB"] and a.budget_of == "spillway-off"
+    assert bench_gpt.budget_bytes("40.5GiB", 10) == int(40.5 * 2**30)
+    assert bench_gpt.budget_bytes(60.0, 1000) == 600
+    assert bench_gpt.budget_label("40.5GiB") == "spillway-40.5GiB"
+    for bad in ("60", "0%", "abc%", "", "0GiB", "xGiB"):
         with pytest.raises(SystemExit):
             bench_gpt.parse_args(["--budgets", bad])
 
