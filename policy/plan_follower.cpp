@@ -29,16 +29,29 @@ void PlanFollower::start(const StepModel& m, const Plan& p) {
       prefetch_.push_back({w->second->prefetch_at - len, {b.id, w->second->next_use - len}});
     }
   }
+  allocated_by_.assign(len + 1, 0);
+  for (const StepModel::Block& b : m.blocks)
+    if (!b.carried && b.alloc <= len) allocated_by_[b.alloc] += b.bytes;
+  for (uint32_t i = 1; i <= len; ++i) allocated_by_[i] += allocated_by_[i - 1];
   auto by_at = [](const Entry& a, const Entry& b) { return a.at < b.at; };
   std::stable_sort(evict_.begin(), evict_.end(), by_at);
   std::stable_sort(prefetch_.begin(), prefetch_.end(), by_at);
   next_evict_ = next_prefetch_ = 0;
-  active_ = !p.moves.empty();
+  // A plan with no move still brings carried blocks back (a step that fits).
+  active_ = !evict_.empty() || !prefetch_.empty();
+}
+
+bool PlanFollower::allocations_match(uint32_t at, uint64_t allocated, uint64_t slack) const {
+  if (!active_ || allocated_by_.empty()) return true;
+  const uint64_t expected = allocated_by_[std::min<size_t>(at, allocated_by_.size() - 1)];
+  const uint64_t hi = std::max(expected, allocated), lo = std::min(expected, allocated);
+  return hi - lo <= std::max(slack, hi / 8);
 }
 
 void PlanFollower::stop() {
   evict_.clear();
   prefetch_.clear();
+  allocated_by_.clear();
   next_evict_ = next_prefetch_ = 0;
   active_ = false;
 }

@@ -45,12 +45,22 @@ class PlanFollower {
 
   size_t planned() const { return evict_.size(); }
 
+  // Whether the step being run is still the one the plan was made for,
+  // judged by what it has allocated: `allocated` bytes (granule multiples,
+  // the step's blocks only) by launch `at`, against what the model had
+  // allocated by then, within an eighth or `slack` bytes, whichever is more.
+  // A plan carried into a step of other sizes (a batch of other sequence
+  // lengths after two alike ones) evicts and prefetches the wrong blocks.
+  bool allocations_match(uint32_t at, uint64_t allocated, uint64_t slack) const;
+
  private:
   struct Entry {
     uint32_t at;  // evict_after, or prefetch_at
     Due due;
   };
   std::vector<Entry> evict_, prefetch_;  // each sorted by `at`
+  // The model's step blocks' bytes allocated by each launch index, summed.
+  std::vector<uint64_t> allocated_by_;
   size_t next_evict_ = 0, next_prefetch_ = 0;
   bool active_ = false;
 };

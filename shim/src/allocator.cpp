@@ -30,7 +30,9 @@ size_t slack(size_t cap, size_t granule) {
 // - under the budget's pressure, any larger one: it holds no more device
 //   memory than is held now, where a new one would first release cached
 //   blocks (lengths that change every step made a 16 GiB budget over a 13
-//   GiB live peak take 2.4x the unconstrained time, all of it that churn);
+//   GiB live peak take 2.4x the unconstrained time, all of it that churn),
+//   but not while a step plan runs: its moves assume each block's own size
+//   (a Llama-7B step at 60% took 10-15% longer);
 // - with no budget, one up to twice the request, so that the memory held
 //   stays near what PyTorch's allocator holds (which splits its blocks).
 size_t wider_slack(size_t cap, bool pressed) {
@@ -221,7 +223,7 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
   Block* b = cache_.take_large(cap, slack(cap, granule_), stream, *streams_);
   if (!b) {
     const bool budgeted = budget_.gpu() != 0;
-    const bool pressed = budgeted && excess(cap) > 0 && !dev_.has(cap);
+    const bool pressed = budgeted && !plan_.active() && excess(cap) > 0 && !dev_.has(cap);
     if (pressed || !budgeted)
       b = cache_.take_large(cap, wider_slack(cap, pressed), stream, *streams_);
   }
@@ -233,7 +235,23 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
     if (!b) return nullptr;
   }
   note_live(b, size, stream);
+  step_allocated_ += round_up(size, granule_);
+  if (plan_.active()) check_plan_still_fits();
   return reinterpret_cast<void*>(b->ptr);
+}
+
+void Allocator::check_plan_still_fits() {
+  // Allocated before the next launch: the model's blocks of index <= at.
+  const uint32_t at = schedule_->model_index(last_seq_) + 1;
+  if (plan_.allocations_match(at, step_allocated_, 4 * granule_)) return;
+  plan_.stop();
+  ++plan_generation_;  // one being made came from a step like the last, not this one
+  plan_job_.reset();
+  upcoming_.clear();  // its prefetches not yet started
+  ++s_.plans_dropped;
+  log::debug(
+      "device {}: step plan dropped at launch {}: {} allocated, not what the plan's step had",
+      o_.device, at, format_bytes(step_allocated_));
 }
 
 void Allocator::free(void* ptr, size_t size, CUstream stream) {
@@ -743,6 +761,7 @@ void Allocator::install_plan(const policy::StepModel& m, const policy::Plan& p) 
       "predicted step {} ns (simulated on a GPU's rules), fits {}",
       o_.device, m.launch_ns.size(), times_.measured(), m.blocks.size(), p.moves.size(),
       format_bytes(p.bytes_out), format_bytes(p.bytes_in), p.step_ns, p.fits);
+  check_plan_still_fits();
 }
 
 void Allocator::add_upcoming(uintptr_t ptr, uint64_t by) {
@@ -859,6 +878,7 @@ void Allocator::mark_step(uint64_t end) {
   std::lock_guard lk(mu_);
   if (!arriving_.empty()) finish_prefetches();
   chooser_->on_step(end);
+  step_allocated_ = 0;
   if (o_.plan && schedule_) make_plan();
 }
 

@@ -202,6 +202,8 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // the launch just queued, prefetches before the one about to be.
   void planned_evictions();
   void planned_prefetches(uint64_t launch);
+  // Drops the plan when this step's allocations are not its model's.
+  void check_plan_still_fits();
   void make_plan();
   // The step plan queued by make_plan, made on the mover's thread without
   // the lock (about 80 ms at Llama-7B's size) and installed under it.
@@ -241,6 +243,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   uint32_t last_step_len_ = 0;   // launches in the step learned before the last
   uint64_t step_peak_ = 0;       // the most live bytes in this step so far
   uint64_t last_step_peak_ = 0;  // ... in the step just ended
+  uint64_t step_allocated_ = 0;  // large bytes allocated in this step (granule multiples)
   std::vector<policy::PlanFollower::Due> due_;
   struct PlanJob {
     policy::StepModel model;

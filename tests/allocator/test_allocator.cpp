@@ -874,6 +874,43 @@ TEST_F(AllocatorTest, AStepPlanEvictsAndPrefetchesAtTheLaunchesItNames) {
   f.free_all();
 }
 
+// A plan is carried into the step after two alike ones, which may not be
+// like them (a batch of other sequence lengths): once the step's allocations
+// stray from those of the plan's step, the plan is dropped, and nothing it
+// named is moved any more in that step.
+TEST_F(AllocatorTest, AStepPlanIsDroppedWhenTheStepAllocatesOtherwise) {
+  plan_ = true;
+  auto a = make(4 * FourBlocks::kSize);
+  ASSERT_NE(nullptr, a);
+  FourBlocks f{*this, *a};
+  f.start();
+  for (int step = 0; step < 3; ++step) {
+    f.touch(0);
+    f.middle();
+    f.touch(0);
+    a->mark_step(f.seq);
+  }
+  ASSERT_EQ(1u, a->stats().plans_made);
+  // Step 3: three blocks' worth more than its model had, at its start.
+  f.touch(0);
+  const size_t other = 3 * FourBlocks::kSize;
+  void* z = a->malloc(other, nullptr);
+  ASSERT_NE(nullptr, z);
+  fill(z, other, 7, nullptr);
+  EXPECT_EQ(1u, a->stats().plans_dropped);
+  const uint64_t evictions = a->stats().planned_evictions;
+  const uint64_t prefetches = a->stats().planned_prefetches;
+  f.middle();
+  f.touch(0);
+  EXPECT_EQ(evictions, a->stats().planned_evictions);
+  EXPECT_EQ(prefetches, a->stats().planned_prefetches);
+  check(z, other, 7, nullptr);
+  a->free(z, other, nullptr);
+  a->mark_step(f.seq);
+  EXPECT_EQ(0u, mismatches());
+  f.free_all();
+}
+
 // With the background mover, the plan is made on its thread (the step mark
 // only queues the model) and installed under the lock once made; every byte
 // stays intact meanwhile. Real time: the test polls for the mover's round.

@@ -158,3 +158,53 @@ TEST(ScheduleChooser, APlansNamesFindTheBlocksOfTheStepItIsCarriedOutIn) {
   c.on_free(W);
   EXPECT_EQ(0u, c.live_block(W));
 }
+
+// Whether the step being run is the plan's: its allocations by each launch
+// against the model's, within an eighth or the slack given; carried blocks
+// do not count (they are not allocated in the step).
+TEST(PlanFollower, AStepThatAllocatesOtherwiseIsNoticed) {
+  StepModel m;
+  m.launch_ns.assign(10, 1000);
+  StepModel::Block a;
+  a.id = 1;
+  a.bytes = 64 * kMiB;
+  a.alloc = 2;
+  a.free = 6;
+  a.uses = {2, 5};
+  StepModel::Block b = a;
+  b.id = 2;
+  b.alloc = 4;
+  m.blocks = {a, b, carried(3, {1, 8})};
+  Plan p;
+  p.moves = {{1, 2, 4, 5}};
+  PlanFollower f;
+  EXPECT_TRUE(f.allocations_match(0, 1 << 30, 0)) << "no plan: nothing to judge";
+  f.start(m, p);
+  const uint64_t slack = 4 * kMiB;
+  EXPECT_TRUE(f.allocations_match(1, 0, slack));
+  EXPECT_TRUE(f.allocations_match(2, 64 * kMiB, slack));
+  EXPECT_TRUE(f.allocations_match(3, 70 * kMiB, slack)) << "within an eighth";
+  EXPECT_FALSE(f.allocations_match(3, 80 * kMiB, slack));
+  EXPECT_FALSE(f.allocations_match(2, 32 * kMiB, slack));
+  EXPECT_TRUE(f.allocations_match(4, 128 * kMiB, slack));
+  EXPECT_TRUE(f.allocations_match(50, 128 * kMiB, slack)) << "past the model's end: its total";
+  EXPECT_FALSE(f.allocations_match(1, 8 * kMiB, slack)) << "more than the slack before any";
+  EXPECT_TRUE(f.allocations_match(1, 3 * kMiB, slack));
+  f.stop();
+  EXPECT_TRUE(f.allocations_match(3, 1 << 30, slack));
+}
+
+// A plan with no move still brings back the carried blocks the last step
+// left on the host (a step that fits): it is carried out, and judged.
+TEST(PlanFollower, APlanOfCarriedPrefetchesAloneIsCarriedOut) {
+  StepModel m;
+  m.launch_ns.assign(10, 1000);
+  m.blocks = {carried(3, {4, 8})};
+  PlanFollower f;
+  f.start(m, Plan{});
+  EXPECT_TRUE(f.active());
+  std::vector<PlanFollower::Due> d;
+  f.prefetches_due(0, &d);
+  EXPECT_EQ(std::vector<uint64_t>{3}, blocks(d));
+  EXPECT_FALSE(f.allocations_match(1, 64 * kMiB, 4 * kMiB));
+}
