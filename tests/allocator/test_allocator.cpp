@@ -828,6 +828,15 @@ struct FourBlocks {
   void free_all() {
     for (void* p : blk) a.free(p, kSize, nullptr);
   }
+  // `n` steps alike: A, the middle, A again, the step mark.
+  void steps(int n) {
+    for (int step = 0; step < n; ++step) {
+      touch(0);
+      middle();
+      touch(0);
+      a.mark_step(seq);
+    }
+  }
 };
 
 // SPILLWAY_PLAN: once two steps in a row were alike, the next is planned
@@ -884,12 +893,7 @@ TEST_F(AllocatorTest, AStepPlanIsDroppedWhenTheStepAllocatesOtherwise) {
   ASSERT_NE(nullptr, a);
   FourBlocks f{*this, *a};
   f.start();
-  for (int step = 0; step < 3; ++step) {
-    f.touch(0);
-    f.middle();
-    f.touch(0);
-    a->mark_step(f.seq);
-  }
+  f.steps(3);
   ASSERT_EQ(1u, a->stats().plans_made);
   // Step 3: three blocks' worth more than its model had, at its start.
   f.touch(0);
@@ -921,12 +925,7 @@ TEST_F(AllocatorTest, AStepPlanIsMadeOnTheMoversThread) {
   ASSERT_NE(nullptr, a);
   FourBlocks f{*this, *a};
   f.start();
-  for (int step = 0; step < 3; ++step) {
-    f.touch(0);
-    f.middle();
-    f.touch(0);
-    a->mark_step(f.seq);
-  }
+  f.steps(3);
   uint64_t made = 0;
   for (int i = 0; i < 5000 && (made = a->stats().plans_made) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
