@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks, on a real GPU, the assumptions spillway's design rests on (docs/gpu.md).
 
-    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d] [--device 0] [--json out.json]
+    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e] [--device 0] [--json out.json]
 
   a  VMM host memory: host-NUMA cuMemCreate, map into a device range, kernel and
      copy access through it, remap the same address device -> host -> device
@@ -39,6 +39,7 @@ CHECKS = {
     "b": "CUPTI launch callbacks for runtime (torch) launches",
     "c": "cuMemUnmap of a range with pending work",
     "d": "copy bandwidth each way and both at once (pinned, and host-NUMA VMM)",
+    "e": "what each VMM call spillway makes costs, by size (device and host-NUMA memory)",
 }
 
 IF_FAILS = {
@@ -60,6 +61,9 @@ IF_FAILS = {
          "on the link; a host-NUMA VMM path much slower than pinned copies makes spillway's copies "
          "slower than the simulator assumes. Set SIMCUDA_H2D_GBPS/SIMCUDA_D2H_GBPS/"
          "SIMCUDA_BIDIR_GBPS to the measured values to replay traces with this machine's link.",
+    "e": "spillway stays correct whatever the calls cost; each eviction and restore makes about "
+         "five of them (and a first eviction of a size creates its host memory), so their cost is "
+         "step time the simulator does not charge unless SIMCUDA_VMM_NS / SIMCUDA_CALL_NS say so.",
 }
 
 RESULT_TAG = "SPILLWAY-CHECK-RESULT "
@@ -620,7 +624,49 @@ def check_d(gpu, args):
     return ("PASS" if ok else "FAIL"), m, notes
 
 
-RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d}
+def check_e(gpu, args):
+    """Times cuMemCreate, cuMemMap + cuMemSetAccess, cuMemUnmap and cuMemRelease for each size in
+    --vmm-mib, device and host-NUMA memory: the calls of an eviction (docs/gpu.md)."""
+    d, m, notes = gpu.d, {}, []
+    numa = gpu.attr(cu.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+    props = {"device": gpu.prop(cu.CU_MEM_LOCATION_TYPE_DEVICE, gpu.dev),
+             "host": gpu.prop(cu.CU_MEM_LOCATION_TYPE_HOST_NUMA, numa if numa and numa > 0 else 0)}
+    g = max(gpu.granularity(p) for p in props.values())
+    for kind, prop in props.items():
+        rows = []
+        for mib in args.vmm_mib:
+            size = -(-(mib << 20) // g) * g
+            va = gpu.reserve(size, g)
+            h, r, t_create = gpu.create(size, prop)
+            if h is None:
+                notes.append(f"cuMemCreate({kind}, {mib} MiB) returned {d.error_name(r)}")
+                d.check("cuMemAddressFree", va, size)
+                break
+            t = time.perf_counter()
+            gpu.map_rw(va, size, h)
+            t_map = time.perf_counter() - t
+            t = time.perf_counter()
+            d.check("cuMemUnmap", va, size)
+            t_unmap = time.perf_counter() - t
+            t = time.perf_counter()
+            d.check("cuMemRelease", h)
+            t_release = time.perf_counter() - t
+            d.check("cuMemAddressFree", va, size)
+            rows.append({"MiB": size >> 20, "create_ms": round(t_create * 1e3, 3),
+                         "map_and_access_ms": round(t_map * 1e3, 3),
+                         "unmap_ms": round(t_unmap * 1e3, 3), "release_ms": round(t_release * 1e3, 3)})
+        m[kind] = rows
+        # Does creating cost by the byte (pinning, zeroing)? The rate beyond the smallest size.
+        if len(rows) >= 2 and rows[-1]["create_ms"] - rows[0]["create_ms"] > 0.1:
+            gbps = (rows[-1]["MiB"] - rows[0]["MiB"]) * 2**20 / (
+                (rows[-1]["create_ms"] - rows[0]["create_ms"]) * 1e6)
+            m[f"{kind}_create_GBps_beyond_the_first"] = round(gbps, 2)
+            notes.append(f"creating {kind} memory costs about {gbps:.1f} GB/s beyond a fixed cost: "
+                         "a first eviction of each size pays it on the job's thread")
+    return "PASS" if m.get("device") and m.get("host") else "FAIL", m, notes
+
+
+RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e}
 
 
 def run_child(args):
@@ -690,13 +736,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="docs/gpu.md explains each check and what to report.")
-    p.add_argument("--checks", default="a,b,c,d", help="comma-separated subset of a,b,c,d (default: all)")
+    p.add_argument("--checks", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e (default: all)")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     p.add_argument("--cuda-lib", default="libcuda.so.1", help="driver library (default libcuda.so.1)")
     p.add_argument("--cupti-lib", default=None, help="CUPTI library (default: found automatically)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     p.add_argument("--bw-mib", type=int, default=256, help="bytes per copy in check d, MiB (default 256)")
     p.add_argument("--bw-reps", type=int, default=10, help="copies per measurement in check d (default 10)")
+    p.add_argument("--vmm-mib", type=lambda t: [int(x) for x in t.split(",")], default=[2, 32, 256, 1024],
+                   help="block sizes timed in check e, MiB (default 2,32,256,1024)")
     p.add_argument("--pending-ms", type=float, default=300.0,
                    help="duration of the pending work in check c, ms (default 300)")
     p.add_argument("--memset-chain", type=int, default=2000,
@@ -739,7 +787,8 @@ def main(argv=None):
     me = os.path.abspath(__file__)
     passthrough = ["--device", str(args.device), "--cuda-lib", args.cuda_lib,
                    "--bw-mib", str(args.bw_mib), "--bw-reps", str(args.bw_reps),
-                   "--pending-ms", str(args.pending_ms), "--memset-chain", str(args.memset_chain)]
+                   "--pending-ms", str(args.pending_ms), "--memset-chain", str(args.memset_chain),
+                   "--vmm-mib", ",".join(str(x) for x in args.vmm_mib)]
     if args.cupti_lib:
         passthrough += ["--cupti-lib", args.cupti_lib]
     if args.no_unsafe:

@@ -183,6 +183,7 @@ std::optional<Config> load_config(std::string* error) {
   r.gbps("SIMCUDA_BIDIR_GBPS", &c.bidir_bytes_per_ns);
   r.gbps("SIMCUDA_HBM_GBPS", &c.hbm_bytes_per_ns);
   r.gbps("SIMCUDA_FAULT_GBPS", &c.fault_bytes_per_ns);
+  r.gbps("SIMCUDA_HOST_CREATE_GBPS", &c.host_create_bytes_per_ns);
   r.uint("SIMCUDA_API_NS", &c.api_ns, 0, 1000000000);
   r.uint("SIMCUDA_LAUNCH_NS", &c.launch_ns, 0, 1000000000);
   r.ns("SIMCUDA_VMM_NS", &c.vmm_ns);
@@ -195,16 +196,27 @@ std::optional<Config> load_config(std::string* error) {
   r.flag("SIMCUDA_LOG", &c.log);
   if (const char* v = r.get("SIMCUDA_FAIL")) c.fail_spec = v;
   // A misspelt variable would silently leave a default in place: refuse it.
-  static constexpr const char* kKnown[] = {"SIMCUDA_DEVICE_COUNT",  "SIMCUDA_DEVICE_MEMORY",
-                                           "SIMCUDA_HOST_MEMORY",   "SIMCUDA_GRANULARITY",
-                                           "SIMCUDA_H2D_GBPS",      "SIMCUDA_D2H_GBPS",
-                                           "SIMCUDA_BIDIR_GBPS",    "SIMCUDA_HBM_GBPS",
-                                           "SIMCUDA_API_NS",        "SIMCUDA_LAUNCH_NS",
-                                           "SIMCUDA_JITTER",        "SIMCUDA_JITTER_MAX_US",
-                                           "SIMCUDA_HOST_NUMA_VMM", "SIMCUDA_CONCURRENT_MANAGED",
-                                           "SIMCUDA_LOG",           "SIMCUDA_FAIL",
-                                           "SIMCUDA_DATA",          "SIMCUDA_FAULT_GBPS",
-                                           "SIMCUDA_CALL_NS",       "SIMCUDA_VMM_NS"};
+  static constexpr const char* kKnown[] = {"SIMCUDA_DEVICE_COUNT",
+                                           "SIMCUDA_DEVICE_MEMORY",
+                                           "SIMCUDA_HOST_MEMORY",
+                                           "SIMCUDA_GRANULARITY",
+                                           "SIMCUDA_H2D_GBPS",
+                                           "SIMCUDA_D2H_GBPS",
+                                           "SIMCUDA_BIDIR_GBPS",
+                                           "SIMCUDA_HBM_GBPS",
+                                           "SIMCUDA_API_NS",
+                                           "SIMCUDA_LAUNCH_NS",
+                                           "SIMCUDA_JITTER",
+                                           "SIMCUDA_JITTER_MAX_US",
+                                           "SIMCUDA_HOST_NUMA_VMM",
+                                           "SIMCUDA_CONCURRENT_MANAGED",
+                                           "SIMCUDA_LOG",
+                                           "SIMCUDA_FAIL",
+                                           "SIMCUDA_DATA",
+                                           "SIMCUDA_FAULT_GBPS",
+                                           "SIMCUDA_CALL_NS",
+                                           "SIMCUDA_VMM_NS",
+                                           "SIMCUDA_HOST_CREATE_GBPS"};
   for (char** e = environ; r.ok && e && *e; ++e) {
     if (std::strncmp(*e, "SIMCUDA_", 8) != 0) continue;
     std::string name(*e, std::strcspn(*e, "="));

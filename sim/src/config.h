@@ -35,6 +35,10 @@ struct Config {
   // Managed memory a kernel migrates on first access moves in small batches,
   // each after a fault round trip: well below a prefetch's rate (assumption).
   double fault_bytes_per_ns = 20.0;  // SIMCUDA_FAULT_GBPS
+  // Creating host-located memory pins and clears its pages: its host cost
+  // grows with the size (an H200 created it at 3.2 GB/s, docs/gpu.md check
+  // (e)). 0: free, as before (SIMCUDA_HOST_CREATE_GBPS unset).
+  double host_create_bytes_per_ns = 0.0;
   bool host_numa_vmm = true;  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool concurrent_managed = true;
   // SIMCUDA_DATA=0: copies and memsets are checked, timed and reported as

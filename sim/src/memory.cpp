@@ -449,22 +449,28 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
       return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: location type %d unsupported",
                     static_cast<int>(prop->location.type));
   }
-  std::lock_guard lk(m.mu);
-  if (m.fd < 0) return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: no backing memfd");
-  if (m.next_offset + size > kBackingSize)
-    return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: backing file exhausted");
-  if (p->host) {
-    // HOST allocations belong to whichever device's context made them.
-    Context* ctx = nullptr;
-    if (current_context(&ctx) == CUDA_SUCCESS) p->device = ctx->device;
+  {
+    std::lock_guard lk(m.mu);
+    if (m.fd < 0) return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: no backing memfd");
+    if (m.next_offset + size > kBackingSize)
+      return refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: backing file exhausted");
+    if (p->host) {
+      // HOST allocations belong to whichever device's context made them.
+      Context* ctx = nullptr;
+      if (current_context(&ctx) == CUDA_SUCCESS) p->device = ctx->device;
+    }
+    CUresult r = p->host ? charge_host(m, size) : charge_device(m, p->device, size);
+    if (r != CUDA_SUCCESS) return r;
+    p->offset = m.next_offset;
+    m.next_offset += size;
+    p->id = m.next_handle++;
+    m.handles[p->id] = p;
+    *handle = p->id;
   }
-  CUresult r = p->host ? charge_host(m, size) : charge_device(m, p->device, size);
-  if (r != CUDA_SUCCESS) return r;
-  p->offset = m.next_offset;
-  m.next_offset += size;
-  p->id = m.next_handle++;
-  m.handles[p->id] = p;
-  *handle = p->id;
+  // Pinning and clearing the pages, on the calling thread (SIMCUDA_HOST_CREATE_GBPS).
+  if (p->host && m.cfg.host_create_bytes_per_ns > 0)
+    clock::advance(
+        static_cast<uint64_t>(static_cast<double>(size) / m.cfg.host_create_bytes_per_ns));
   return CUDA_SUCCESS;
 }
 

@@ -33,9 +33,11 @@ def cc():
 # --- imports and arguments ------------------------------------------------------
 def test_check_assumptions_parses_args():
     a = check_assumptions.parse_args([])
-    assert a.check_list == ["a", "b", "c", "d"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    assert a.check_list == ["a", "b", "c", "d", "e"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    assert a.vmm_mib == [2, 32, 256, 1024]
     a = check_assumptions.parse_args(["--checks", "a,d", "--device", "1", "--no-unsafe", "--bw-mib", "64"])
     assert a.check_list == ["a", "d"] and a.device == 1 and a.no_unsafe and a.bw_mib == 64
+    assert check_assumptions.parse_args(["--vmm-mib", "4,64"]).vmm_mib == [4, 64]
     with pytest.raises(SystemExit):
         check_assumptions.parse_args(["--checks", "a,z"])
 
@@ -180,7 +182,7 @@ def test_checks_run_on_the_simulator(tmp_path):
     if not os.path.exists(sim):
         pytest.skip("no simulated driver built")
     out = tmp_path / "r.json"
-    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d", "--bw-mib", "16",
+    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e", "--vmm-mib", "2,8", "--bw-mib", "16",
              "--bw-reps", "3", "--memset-chain", "20", "--json", str(out)],
             env={"LD_LIBRARY_PATH": os.path.dirname(sim)})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -190,3 +192,5 @@ def test_checks_run_on_the_simulator(tmp_path):
     assert res["a"]["measured"]["steps"][-1] == "device memory again: intact"
     assert res["c"]["measured"]["unmap_with_pending_work"] == "CUDA_ERROR_NOT_PERMITTED"  # the sim refuses
     assert res["d"]["measured"]["pinned"]["h2d_GBps"] == pytest.approx(55.0, rel=0.02)  # virtual time
+    assert res["e"]["status"] == "PASS"
+    assert [row["MiB"] for row in res["e"]["measured"]["host"]] == [2, 8]

@@ -143,3 +143,31 @@ TEST(SimCallCost, RefusesBadValues) {
   expect_refused({{"SIMCUDA_VMM_NS", "fast"}}, "SIMCUDA_VMM_NS", "fast");
   expect_refused({{"SIMCUDA_VMM_NS", "2s"}}, "SIMCUDA_VMM_NS", "2s");
 }
+
+// SIMCUDA_HOST_CREATE_GBPS: creating host-located memory costs its size at
+// that rate on top of the call's own cost; device memory does not (an H200
+// created host memory at 3.2 GB/s and device memory at a fixed cost, docs/gpu.md).
+TEST(SimCallCost, HostMemoryCreationCostsByTheByte) {
+  run_isolated({{"SIMCUDA_VMM_NS", "20us"}, {"SIMCUDA_HOST_CREATE_GBPS", "2"}}, [] {
+    init_primary();
+    const size_t g = granularity();
+    const CUmemAllocationProp dprop = device_prop();
+    const CUmemAllocationProp hprop = host_prop();
+    CUmemGenericAllocationHandle d = 0, h = 0, h4 = 0;
+    EXPECT_EQ(20000u, cost_of([&] { return cuMemCreate(&d, g, &dprop, 0); }));
+    EXPECT_EQ(20000u + g / 2, cost_of([&] { return cuMemCreate(&h, g, &hprop, 0); }));
+    EXPECT_EQ(20000u + 4 * g / 2, cost_of([&] { return cuMemCreate(&h4, 4 * g, &hprop, 0); }));
+    EXPECT_EQ(20000u, cost_of([&] { return cuMemRelease(h4); }));
+    EXPECT_CU(cuMemRelease(h));
+    EXPECT_CU(cuMemRelease(d));
+  });
+}
+
+TEST(SimCallCost, RefusesABadHostCreationRate) {
+  run_isolated({{"SIMCUDA_HOST_CREATE_GBPS", "0"}}, [] {
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuInit(0));
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(std::string::npos, err.find("SIMCUDA_HOST_CREATE_GBPS")) << err;
+  });
+}
