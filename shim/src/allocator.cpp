@@ -105,6 +105,10 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
         d, [p](CUevent done) { return p->begin_background(done); },
         [p] { return p->end_background(); }, o.before_swap, [p] { p->plan_in_background(); });
     a->mover_->start();
+    // Its own thread: creating a piece takes tens of milliseconds, which
+    // the mover's swaps must not wait behind.
+    if (o.host_reserve)
+      a->reserver_.start(std::chrono::milliseconds(5), [p] { p->grow_host_reserve(); });
   }
   return a;
 }
@@ -120,6 +124,7 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
       schedule_(dynamic_cast<policy::ScheduleChooser*>(chooser_.get())) {}
 
 void Allocator::stop_background() {
+  reserver_.stop();
   if (mover_) mover_->stop();
 }
 
@@ -737,6 +742,25 @@ void Allocator::make_plan() {
   plan_.restart();
   plan_job_ = PlanJob{std::move(m), po, plan_generation_};
   mover_->wake();
+}
+
+void Allocator::grow_host_reserve() {
+  InternalCalls internal;
+  std::unique_lock lk(mu_);
+  if (!o_.evict || o_.host_reserve == 0 || budget_.gpu() == 0 || !budget_.over_seen() ||
+      !backing_->evicts() || !ensure_context())
+    return;
+  // A few pieces per run, so that stopping never waits long.
+  size_t made = 0;
+  for (int i = 0; i < 4; ++i) {
+    const size_t piece = backing_->grow_host_reserve(o_.host_reserve, budget_.host(), lk);
+    if (piece == 0) break;
+    made += piece;
+    s_.host_bytes_created_ahead += piece;  // under the lock that pooled it
+  }
+  if (made)
+    log::debug("device {}: {} of host memory created ahead of evictions", o_.device,
+               format_bytes(made));
 }
 
 void Allocator::plan_in_background() {

@@ -29,6 +29,7 @@
 
 #include "access.h"
 #include "backing.h"
+#include "worker.h"
 #include "block.h"
 #include "block_table.h"
 #include "budget.h"
@@ -51,6 +52,10 @@ struct AllocatorOptions {
   int device = 0;
   uint64_t gpu_budget = 0;   // bytes
   uint64_t host_budget = 0;  // bytes
+  // Host memory the background thread creates ahead of evictions once the
+  // GPU budget was crossed, so that an eviction rarely creates any (it costs
+  // by the byte: 3.2 GB/s on an H200); within the host budget. 0: none.
+  uint64_t host_reserve = 0;
   uint64_t min_block = 1ull << 20;
   bool evict = true;  // false in SPILLWAY_MODE=off: caching only
   // Launches ahead of their predicted use at which evicted blocks are
@@ -208,6 +213,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // The step plan queued by make_plan, made on the mover's thread without
   // the lock (about 80 ms at Llama-7B's size) and installed under it.
   void plan_in_background();
+  // On its own thread: host memory created ahead of evictions
+  // (AllocatorOptions::host_reserve) once the budget was crossed.
+  void grow_host_reserve();
   void install_plan(const policy::StepModel& m, const policy::Plan& p);
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
@@ -253,6 +261,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::optional<PlanJob> plan_job_;  // for the mover to plan
   uint64_t plan_generation_ = 0;     // step marks that asked for a plan
   std::unique_ptr<Mover> mover_;
+  Worker reserver_;                 // grow_host_reserve's thread (SPILLWAY_HOST_RESERVE)
   bool mover_has_context_ = false;  // the mover's thread has the context current
   std::vector<Block*> claimed_;     // before_use: the launch's blocks so far
   uint64_t tick_ = 0;

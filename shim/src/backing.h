@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "block.h"
 #include "block_table.h"
@@ -102,6 +103,14 @@ class Backing {
   // Device bytes that taking a block of `need` bytes would add.
   virtual uint64_t added_by(size_t need) const = 0;
   virtual uint64_t host_creates() const { return 0; }
+  // Creates host memory for evictions to come until `target` bytes of it are
+  // free in the pool, within `host_budget` (0: none); `lock` (the
+  // allocator's) is held on entry and on return, and released while memory
+  // is created. Returns the bytes created.
+  virtual size_t grow_host_reserve(size_t /*target*/, uint64_t /*host_budget*/,
+                                   std::unique_lock<std::mutex>& /*lock*/) {
+    return 0;
+  }
   virtual uint64_t host_reserved() const = 0;  // host memory behind evicted blocks
 
  protected:

@@ -49,11 +49,18 @@ struct Block {
   bool live = false;
   Where where = Where::kDevice;
   bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
-  // Host backing: the physical handles behind it; the host handle's staging
-  // address (vmm.h: mapped for as long as the handle is held, the eviction
-  // copy's destination); and kArriving: the device copy's staging mapping.
-  CUmemGenericAllocationHandle dev = 0, host = 0;
-  uintptr_t host_va = 0;
+  // Host backing: the device handle behind it; its host memory, pieces
+  // mapped one after another from `ptr` while evicted (host_backing.cpp),
+  // each with its staging address (vmm.h: mapped for as long as the handle
+  // is held, the eviction copy's destination); and kArriving: the device
+  // copy's staging mapping.
+  struct HostPiece {
+    CUmemGenericAllocationHandle h = 0;
+    uintptr_t va = 0;  // its staging address
+    size_t size = 0;
+  };
+  CUmemGenericAllocationHandle dev = 0;
+  std::vector<HostPiece> host;
   uintptr_t scratch = 0;
   uint64_t last_use = 0;
   uint32_t holds = 0;            // graphs, collectives, pins: not evicted while > 0

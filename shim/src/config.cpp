@@ -50,6 +50,13 @@ std::string set_host_budget(const std::string& v, Config* c) {
   return {};
 }
 
+std::string set_host_reserve(const std::string& v, Config* c) {
+  auto s = parse_size_or_percent(v);
+  if (!s) return std::string(kSizeForms) + " (a percentage is of the GPU budget; 0 for none)";
+  c->host_reserve = *s;
+  return {};
+}
+
 std::string set_min_block(const std::string& v, Config* c) {
   auto b = parse_bytes(v);
   // Below 4 KiB every block would need its own mapping; above 1 GiB nothing
@@ -152,6 +159,7 @@ const std::vector<Variable>& variables() {
       {"SPILLWAY_MODE", set_mode},
       {"SPILLWAY_GPU_BUDGET", set_gpu_budget},
       {"SPILLWAY_HOST_BUDGET", set_host_budget},
+      {"SPILLWAY_HOST_RESERVE", set_host_reserve},
       {"SPILLWAY_MIN_BLOCK", set_min_block},
       {"SPILLWAY_POLICY", set_policy},
       {"SPILLWAY_PREFETCH", set_prefetch},

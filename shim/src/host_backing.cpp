@@ -2,6 +2,15 @@
 // remapped between device memory and pinned host memory, so its pointer never
 // changes and an access nobody predicted reads host memory over the link:
 // slow, correct.
+//
+// A block's host memory is made of pieces of a few sizes (kPiece, and one
+// tail below it), mapped one after another at its address, so that a freed
+// piece serves any later block: creating host memory pins and clears its
+// pages (3.2 GB/s on an H200, docs/gpu.md check (e)), so a pool keyed by
+// each block's exact size made every eviction of a new size pay that on the
+// evicting thread.
+#include <algorithm>
+
 #include "backing.h"
 #include "log.h"
 #include "size.h"
@@ -22,6 +31,16 @@ CUmemAllocationProp host_prop(const cu::Driver& d, int device) {
   p.location.type = numa >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
   p.location.id = numa >= 0 ? numa : 0;
   return p;
+}
+
+// The host pieces' sizes (a granule multiple, as every block's cap).
+constexpr size_t kPiece = 64ull << 20;
+
+// The piece sizes a block of `cap` bytes is made of, in address order:
+// whole pieces, then the rest.
+template <class F>
+void for_each_piece_size(size_t cap, F&& f) {
+  for (size_t off = 0; off < cap; off += kPiece) f(std::min(kPiece, cap - off));
 }
 
 class HostBacking final : public Backing {
@@ -55,10 +74,11 @@ class HostBacking final : public Backing {
 
   Start start_evict(Block* b, uint64_t host_budget, bool* failed) override {
     // Host memory counts against its budget whether in use or pooled.
-    if (host_budget && !host_.has(b->cap)) {
-      const size_t want = host_.held() + b->cap;
-      if (want > host_budget) host_.trim(want - host_budget);
-      if (host_.held() + b->cap > host_budget) {
+    if (host_budget) {
+      const size_t added = bytes_to_create(b->cap);
+      if (added && host_.held() + added > host_budget)
+        host_.trim(host_.held() + added - host_budget);
+      if (added && host_.held() + added > host_budget) {
         log::warn_repeated(host_full_,
                            "host budget of {} reached (SPILLWAY_HOST_BUDGET): block {:#x} ({}) "
                            "stays on the device",
@@ -66,40 +86,49 @@ class HostBacking final : public Backing {
         return Start::kStop;
       }
     }
-    CUmemGenericAllocationHandle h = 0;
-    uintptr_t stage = 0;
-    CUresult r = host_.take(b->cap, &h, &stage);
+    CUresult r = CUDA_SUCCESS;
+    for_each_piece_size(b->cap, [&](size_t size) {
+      Block::HostPiece piece{0, 0, size};
+      if (r == CUDA_SUCCESS && (r = host_.take(size, &piece.h, &piece.va)) == CUDA_SUCCESS)
+        b->host.push_back(piece);
+    });
     if (r != CUDA_SUCCESS) {
+      give_host(b);
       log::warn_repeated(host_unavailable_, "host memory for eviction ({}) unavailable: {}",
                          format_bytes(b->cap), cu::describe(p_.d, r));
       *failed = true;
       return Start::kStop;
     }
-    // The copy goes into the host handle's staging mapping, on the D2H
+    // The copy goes into the host pieces' staging mappings, on the D2H
     // stream, after the block's last use on each stream that used it.
     const CUstream d2h = p_.streams.d2h();
-    if ((r = p_.streams.order_after_uses(d2h, *b)) != CUDA_SUCCESS ||
-        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, stage, b->ptr, b->size, d2h)) != CUDA_SUCCESS) {
+    r = p_.streams.order_after_uses(d2h, *b);
+    size_t off = 0;
+    for (const Block::HostPiece& piece : b->host) {
+      if (r == CUDA_SUCCESS && off < b->size)
+        r = CU_CALL(p_.d, cuMemcpyDtoDAsync, piece.va, b->ptr + off,
+                    std::min(piece.size, b->size - off), d2h);
+      off += piece.size;
+    }
+    if (r != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
-      // A copy queued before the failure must end before the handle is reused.
+      // A copy queued before the failure must end before the pieces are reused.
       p_.streams.drain(d2h);
-      host_.give(h, b->cap, stage);
+      give_host(b);
       *failed = true;
       return Start::kFailed;
     }
     b->where = Block::Where::kEvicting;
-    b->host = h;
-    b->host_va = stage;
     return Start::kStarted;
   }
 
   bool finish_evict(Block* b, bool copied) override {
     // Swap the block's address to its host copy, unless the eviction was
     // cancelled or a step fails: then the device memory, still mapped and
-    // intact, stays. The host handle keeps its staging mapping either way.
+    // intact, stays. The host pieces keep their staging mappings either way.
     bool swapped = false;
     if (copied && !b->cancel && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
-      swapped = map_rw(p_.d, b->ptr, b->cap, b->host, p_.device) == CUDA_SUCCESS;
+      swapped = map_host(b);
       if (!swapped) map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device);  // put the device memory back
     }
     if (swapped) {
@@ -142,10 +171,10 @@ class HostBacking final : public Backing {
     // mappings below needs the copy done, so the host waits for it.
     const CUstream h2d = p_.streams.h2d();
     if ((r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
-        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, scratch, b->ptr, b->size, h2d)) == CUDA_SUCCESS)
+        (r = copy_from_host(b, scratch, h2d)) == CUDA_SUCCESS)
       r = p_.streams.drain(h2d);
     bool ok = r == CUDA_SUCCESS && CU_CALL(p_.d, cuMemUnmap, scratch, b->cap) == CUDA_SUCCESS;
-    bool unmapped = ok && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
+    bool unmapped = ok && unmap_host(b);
     if (unmapped && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
       p_.arena.give(scratch, b->cap);
       give_host(b);
@@ -154,7 +183,7 @@ class HostBacking final : public Backing {
       return CUDA_SUCCESS;
     }
     // Roll back: the host copy stays mapped at the block's address.
-    if (unmapped) map_rw(p_.d, b->ptr, b->cap, b->host, p_.device);
+    if (unmapped) map_host(b);
     if (!ok) CU_CALL(p_.d, cuMemUnmap, scratch, b->cap);
     p_.arena.give(scratch, b->cap);
     p_.dev.give(h, b->cap);
@@ -175,8 +204,7 @@ class HostBacking final : public Backing {
     // of streams without one), as a restore's copy.
     const bool mapped = stage && (r = map_rw(p_.d, stage, b->cap, h, p_.device)) == CUDA_SUCCESS;
     if (mapped && (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
-        (r = CU_CALL(p_.d, cuMemcpyDtoDAsync, stage, b->ptr, b->size, h2d)) == CUDA_SUCCESS &&
-        !(m = p_.streams.record_mark(h2d)))
+        (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS && !(m = p_.streams.record_mark(h2d)))
       r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS) {
       if (mapped) {
@@ -213,7 +241,7 @@ class HostBacking final : public Backing {
     if (CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS) {
       p_.arena.give(b->scratch, b->cap);
       b->scratch = 0;
-      unmapped = CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS;
+      unmapped = unmap_host(b);
     }
     if (unmapped && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS) {
       give_host(b);
@@ -222,7 +250,7 @@ class HostBacking final : public Backing {
       return true;
     }
     // Back to the host copy, whole; the device copy is dropped.
-    if (unmapped) map_rw(p_.d, b->ptr, b->cap, b->host, p_.device);
+    if (unmapped) map_host(b);
     drop_device_copy(b);
     log::warn("prefetch of {:#x} could not be swapped in; it stays on the host", b->ptr);
     return false;
@@ -235,11 +263,13 @@ class HostBacking final : public Backing {
   }
 
   bool release(Block* b) override {
-    if (CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
-    if (b->where == Block::Where::kHost)
+    if (b->where == Block::Where::kHost) {
+      if (!unmap_host(b)) return false;
       give_host(b);
-    else
+    } else {
+      if (CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
       p_.dev.give(b->dev, b->cap);
+    }
     p_.arena.give(b->ptr, b->cap);
     p_.table.forget(b);
     return true;
@@ -249,13 +279,45 @@ class HostBacking final : public Backing {
     // Every mapping in the arena goes, and its memory back to the pools,
     // which release it; then the arena's range can be freed.
     for (const auto& owned : p_.table.all()) {
-      const Block* b = owned.get();
+      Block* b = owned.get();
       if (!b->large) continue;
-      CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
+      if (b->where == Block::Where::kHost || b->where == Block::Where::kArriving)
+        unmap_host(b);
+      else
+        CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
       if (b->scratch) CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap);
       if (b->dev) p_.dev.give(b->dev, b->cap);
-      if (b->host) host_.give(b->host, b->cap, b->host_va);
+      give_host(b);
     }
+  }
+
+  size_t grow_host_reserve(size_t target, uint64_t host_budget,
+                           std::unique_lock<std::mutex>& lock) override {
+    size_t made = 0;
+    // One piece per call: the caller's thread comes back to check the
+    // budget and whether it is stopping.
+    if (host_.count(kPiece) * kPiece < target &&
+        (host_budget == 0 || host_.held() + kPiece <= host_budget)) {
+      const uintptr_t va = p_.arena.take(kPiece);
+      if (!va) return 0;
+      // Pinning and clearing the pages takes tens of milliseconds a piece:
+      // not under the lock the job's allocations take.
+      lock.unlock();
+      CUmemGenericAllocationHandle h = 0;
+      CUresult r = CU_CALL(p_.d, cuMemCreate, &h, kPiece, &host_.prop(), 0);
+      if (r == CUDA_SUCCESS && (r = map_rw(p_.d, va, kPiece, h, p_.device)) != CUDA_SUCCESS)
+        CU_CALL(p_.d, cuMemRelease, h);
+      lock.lock();
+      if (r != CUDA_SUCCESS) {
+        p_.arena.give(va, kPiece);
+        log::warn_repeated(host_unavailable_, "host memory created ahead ({}) unavailable: {}",
+                           format_bytes(kPiece), cu::describe(p_.d, r));
+        return 0;
+      }
+      host_.adopt(h, kPiece, va);
+      made += kPiece;
+    }
+    return made;
   }
 
   uint64_t host_held() const override { return host_.held(); }
@@ -264,11 +326,61 @@ class HostBacking final : public Backing {
   uint64_t host_reserved() const override { return host_.held() - host_.pooled(); }
 
  private:
-  // The host handle back to its pool, its staging mapping kept.
+  // The host pieces back to their pool, their staging mappings kept.
   void give_host(Block* b) {
-    host_.give(b->host, b->cap, b->host_va);
-    b->host = 0;
-    b->host_va = 0;
+    for (const Block::HostPiece& piece : b->host) host_.give(piece.h, piece.size, piece.va);
+    b->host.clear();
+  }
+
+  // Host bytes an eviction of `cap` bytes would create: the pieces the pool
+  // does not hold.
+  size_t bytes_to_create(size_t cap) const {
+    size_t whole = 0, tail = 0;
+    for_each_piece_size(cap, [&](size_t size) { size == kPiece ? ++whole : tail = size; });
+    size_t n = whole > host_.count(kPiece) ? (whole - host_.count(kPiece)) * kPiece : 0;
+    if (tail && !host_.has(tail)) n += tail;
+    return n;
+  }
+
+  // The host pieces mapped one after another at the block's address, read
+  // and write for the device; all or none.
+  bool map_host(Block* b) {
+    size_t off = 0;
+    for (const Block::HostPiece& piece : b->host) {
+      if (map_rw(p_.d, b->ptr + off, piece.size, piece.h, p_.device) != CUDA_SUCCESS) {
+        unmap_first(b, off);
+        return false;
+      }
+      off += piece.size;
+    }
+    return true;
+  }
+
+  // Unmaps the pieces mapped at the block's first `bytes`.
+  bool unmap_first(Block* b, size_t bytes) {
+    bool ok = true;
+    size_t off = 0;
+    for (const Block::HostPiece& piece : b->host) {
+      if (off >= bytes) break;
+      ok = CU_CALL(p_.d, cuMemUnmap, b->ptr + off, piece.size) == CUDA_SUCCESS && ok;
+      off += piece.size;
+    }
+    return ok;
+  }
+  bool unmap_host(Block* b) { return unmap_first(b, b->cap); }
+
+  // The block's bytes, read through its host mapping piece by piece (a copy
+  // stays within one mapping), into `dst` on `stream`.
+  CUresult copy_from_host(const Block* b, uintptr_t dst, CUstream stream) {
+    size_t off = 0;
+    for (const Block::HostPiece& piece : b->host) {
+      if (off >= b->size) break;
+      const CUresult r = CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, b->ptr + off,
+                                 std::min(piece.size, b->size - off), stream);
+      if (r != CUDA_SUCCESS) return r;
+      off += piece.size;
+    }
+    return CUDA_SUCCESS;
   }
 
   // kArriving -> kHost, its copy done: the device copy and its staging

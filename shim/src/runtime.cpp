@@ -277,6 +277,7 @@ Allocator* Runtime::allocator(int device) {
   const uint64_t host_total = host_memory_bytes();
   o.host_budget =
       cfg_.host_budget.set ? cfg_.host_budget.resolve(host_total) : default_host_budget(host_total);
+  o.host_reserve = cfg_.host_reserve.set ? cfg_.host_reserve.resolve(o.gpu_budget) : o.gpu_budget;
   std::string why;
   allocators_[i] = Allocator::create(*driver_, o, &why);
   if (!allocators_[i]) {

@@ -85,13 +85,21 @@ class PhysPool {
   CUresult take(size_t size, CUmemGenericAllocationHandle* out, uintptr_t* va = nullptr);
   // Back to the pool, with the staging address `take` gave it.
   void give(CUmemGenericAllocationHandle h, size_t size, uintptr_t va = 0);
+  // A handle created (and staged at `va`) by the caller, into the pool.
+  void adopt(CUmemGenericAllocationHandle h, size_t size, uintptr_t va) {
+    give(h, size, va);
+    held_ += size;
+    ++creates_;
+  }
+  const CUmemAllocationProp& prop() const { return prop_; }
   // Releases pooled handles until at least `want` bytes are freed (or the
   // pool is empty), keeping one handle of `keep` bytes if there is one: the
   // size about to be taken. Returns the bytes released.
   size_t trim(size_t want, size_t keep = 0);
-  bool has(size_t size) const {
+  bool has(size_t size) const { return count(size) > 0; }
+  size_t count(size_t size) const {
     auto it = free_.find(size);
-    return it != free_.end() && !it->second.empty();
+    return it == free_.end() ? 0 : it->second.size();
   }
   size_t held() const { return held_; }  // bytes in use + pooled
   size_t pooled() const { return pooled_; }

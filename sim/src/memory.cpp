@@ -36,6 +36,10 @@ struct Physical {
   // that unmap has waited for the mapping's work (docs/sim.md, "Handing
   // physical memory between threads"). cuMemMap of it starts no earlier.
   uint64_t unmapped_at = 0;
+  // Virtual time of the creating thread once cuMemCreate returned: nobody
+  // can map the memory before it exists (a handle created on one thread and
+  // mapped on another).
+  uint64_t ready_at = 0;
 };
 
 struct Mapping {
@@ -471,6 +475,10 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
   if (p->host && m.cfg.host_create_bytes_per_ns > 0)
     clock::advance(
         static_cast<uint64_t>(static_cast<double>(size) / m.cfg.host_create_bytes_per_ns));
+  {
+    std::lock_guard lk(m.mu);
+    p->ready_at = clock::now();
+  }
   return CUDA_SUCCESS;
 }
 
@@ -529,9 +537,10 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   mp.serial = m.next_mapping++;
   p->mappings++;
   // The memory was given up at p->unmapped_at (virtual time of the thread
-  // that unmapped it); nobody can map it before then (docs/sim.md, "Handing
+  // that unmapped it), and came to exist at p->ready_at (of the thread that
+  // created it); nobody can map it before then (docs/sim.md, "Handing
   // physical memory between threads").
-  clock::advance_to(p->unmapped_at);
+  clock::advance_to(std::max(p->unmapped_at, p->ready_at));
   return CUDA_SUCCESS;
 }
 

@@ -123,6 +123,7 @@ class AllocatorTest : public ::testing::Test {
     };
     o.gpu_budget = budget;
     o.host_budget = host_budget;
+    o.host_reserve = host_reserve_;
     o.min_block = min_block;
     o.prefetch_launches = prefetch_launches_;
     o.plan = plan_;
@@ -194,6 +195,7 @@ class AllocatorTest : public ::testing::Test {
   bool managed_ = false;            // SPILLWAY_MODE=managed
   uint32_t prefetch_launches_ = 0;  // SPILLWAY_PREFETCH
   bool plan_ = false;               // SPILLWAY_PLAN
+  uint64_t host_reserve_ = 0;       // SPILLWAY_HOST_RESERVE
   std::function<void()> hook_;
   std::unique_ptr<Allocator> allocator_;
 };
@@ -243,6 +245,40 @@ TEST_F(AllocatorTest, EvictAndRestoreKeepTheBytesAtTheSameAddress) {
   EXPECT_EQ(1u, st.blocks_restored);
   EXPECT_EQ(6 * MiB, st.bytes_evicted);
   a->free(p, 6 * MiB, nullptr);
+}
+
+// A block's host memory is pieces of 64 MiB and a tail, mapped one after
+// another at its address, so that blocks of other sizes reuse them (creating
+// host memory costs by the byte on hardware: 3.2 GB/s on an H200,
+// docs/gpu.md). A kernel reads an evicted block across its pieces.
+TEST_F(AllocatorTest, HostMemoryIsPiecesThatBlocksOfOtherSizesReuse) {
+  auto a = make(0);
+  const size_t big = 150 * MiB, other = 140 * MiB;
+  void* p = a->malloc(big, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, big, 5, nullptr);
+  ASSERT_CU(a->evict(p));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+  EXPECT_EQ(3u, a->stats().host_creates) << "64 + 64 + 22 MiB";
+  check(p, big, 5, nullptr);
+  ASSERT_CU(a->restore(p, nullptr));
+  check(p, big, 5, nullptr);
+  void* q = a->malloc(other, nullptr);
+  ASSERT_NE(nullptr, q);
+  fill(q, other, 6, nullptr);
+  ASSERT_CU(a->evict(q));
+  EXPECT_EQ(4u, a->stats().host_creates) << "the two whole pieces reused, a 12 MiB tail made";
+  check(q, other, 6, nullptr);
+  ASSERT_CU(a->evict(p));
+  EXPECT_EQ(6u, a->stats().host_creates) << "q holds the whole pieces: two more, the tail reused";
+  check(p, big, 5, nullptr);
+  ASSERT_CU(a->restore(q, nullptr));
+  ASSERT_CU(a->restore(p, nullptr));
+  check(q, other, 6, nullptr);
+  check(p, big, 5, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(q, other, nullptr);
+  a->free(p, big, nullptr);
 }
 
 TEST_F(AllocatorTest, KernelReadsEvictedBlockThroughAPointerStoredInDeviceMemory) {
@@ -1487,6 +1523,39 @@ class ManagedBackgroundTest : public BackgroundTest {
     BackgroundTest::SetUp();
   }
 };
+
+// SPILLWAY_HOST_RESERVE: once the job has crossed its budget, the
+// background thread creates host memory ahead (whole 64 MiB pieces, up to
+// the reserve), so that an eviction then creates none on the evicting thread
+// (creating host memory costs by the byte on hardware, docs/gpu.md).
+TEST_F(BackgroundTest, HostMemoryIsCreatedAheadOnceTheBudgetIsCrossed) {
+  host_reserve_ = 128 * MiB;
+  const uint64_t budget = 96 * MiB;
+  auto a = make(budget);
+  ASSERT_NE(nullptr, a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(0u, a->stats().host_bytes_created_ahead) << "created before the budget was crossed";
+  over_budget_once(*a, budget);
+  uint64_t ahead = 0;
+  for (int i = 0; i < 5000 && (ahead = a->stats().host_bytes_created_ahead) < host_reserve_; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GE(ahead, host_reserve_);
+  // Creations by the evicting thread: the reserve thread refills what the
+  // eviction takes meanwhile.
+  auto on_demand = [&] {
+    const auto st = a->stats();
+    return st.host_creates - st.host_bytes_created_ahead / (64 * MiB);
+  };
+  const uint64_t before = on_demand();
+  void* p = a->malloc(64 * MiB, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill_seen(*a, p, 64 * MiB, 3);
+  ASSERT_CU(a->evict(p));
+  EXPECT_EQ(before, on_demand()) << "the eviction created host memory";
+  check(p, 64 * MiB, 3, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(p, 64 * MiB, nullptr);
+}
 
 TEST_F(BackgroundTest, AJobThatFitsTheBudgetExactlyMovesNothing) {
   const uint64_t budget = 32 * MiB;

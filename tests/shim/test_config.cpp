@@ -225,6 +225,18 @@ TEST(ShimConfig, BudgetPercentagesAccepted) {
   EXPECT_EQ(accepted("SPILLWAY_HOST_BUDGET", "50%").host_budget.resolve(64 * GiB), 32 * GiB);
 }
 
+// SPILLWAY_HOST_RESERVE: a size, 0 for none, or a percentage of the GPU
+// budget; unset, the runtime takes the GPU budget itself.
+TEST(ShimConfig, HostReserveTakesASizeZeroOrAShareOfTheGpuBudget) {
+  EXPECT_FALSE(accepted("SPILLWAY_MODE", "host").host_reserve.set);
+  EXPECT_EQ(accepted("SPILLWAY_HOST_RESERVE", "8GiB").host_reserve.resolve(40 * GiB), 8 * GiB);
+  EXPECT_EQ(accepted("SPILLWAY_HOST_RESERVE", "25%").host_reserve.resolve(40 * GiB), 10 * GiB);
+  const auto none = accepted("SPILLWAY_HOST_RESERVE", "0").host_reserve;
+  EXPECT_TRUE(none.set);
+  EXPECT_EQ(0u, none.resolve(40 * GiB));
+  for (const char* v : kInvalidSizes) refused("SPILLWAY_HOST_RESERVE", v, "of the GPU budget");
+}
+
 TEST(ShimConfig, BudgetInvalidFormsRefused) {
   for (const char* var : kSizeVars)
     for (const char* v : kInvalidSizes) refused(var, v, "40GiB");

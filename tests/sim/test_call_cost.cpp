@@ -8,6 +8,7 @@
 // Each test runs in its own process (run_isolated): the variables are read
 // once, at cuInit.
 #include <string>
+#include <thread>
 
 #include "sim_test_extra.h"
 #include "variants.h"
@@ -169,5 +170,36 @@ TEST(SimCallCost, RefusesABadHostCreationRate) {
     EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuInit(0));
     const std::string err = testing::internal::GetCapturedStderr();
     EXPECT_NE(std::string::npos, err.find("SIMCUDA_HOST_CREATE_GBPS")) << err;
+  });
+}
+
+// A handle created on one thread and mapped on another: the mapping thread's
+// clock moves to the creating thread's once cuMemCreate returned (docs/sim.md,
+// "Handing physical memory between threads").
+TEST(SimCallCost, AHandleIsMappedNoEarlierThanItWasCreated) {
+  run_isolated({{"SIMCUDA_HOST_CREATE_GBPS", "1"}}, [] {
+    init_primary();
+    const size_t g = granularity();
+    const CUmemAllocationProp hprop = host_prop();
+    CUmemGenericAllocationHandle h = 0;
+    uint64_t created_at = 0;
+    CUcontext ctx = nullptr;
+    ASSERT_CU(cuCtxGetCurrent(&ctx));
+    std::thread maker([&] {
+      EXPECT_CU(cuCtxSetCurrent(ctx));
+      simcuda_host_advance_ns(5'000'000);
+      EXPECT_CU(cuMemCreate(&h, 4 * g, &hprop, 0));
+      created_at = simcuda_now_ns();
+    });
+    maker.join();
+    ASSERT_GE(created_at, 5'000'000u + 4 * g);
+    CUdeviceptr va = 0;
+    ASSERT_CU(cuMemAddressReserve(&va, 4 * g, 0, 0, 0));
+    EXPECT_LT(simcuda_now_ns(), created_at);
+    ASSERT_CU(cuMemMap(va, 4 * g, 0, h, 0));
+    EXPECT_GE(simcuda_now_ns(), created_at);
+    EXPECT_CU(cuMemUnmap(va, 4 * g));
+    EXPECT_CU(cuMemAddressFree(va, 4 * g));
+    EXPECT_CU(cuMemRelease(h));
   });
 }
