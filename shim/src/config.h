@@ -22,8 +22,8 @@ struct Config {
   SizeSpec gpu_budget;   // unset: device memory less the default headroom
   SizeSpec host_budget;  // unset: half of physical host memory
   // SPILLWAY_HOST_RESERVE: host memory created ahead of evictions once the
-  // GPU budget is crossed (a percentage is of the GPU budget); unset: all of
-  // the GPU budget. Within the host budget.
+  // GPU budget is crossed (a percentage is of the GPU budget); unset: none.
+  // Within the host budget.
   SizeSpec host_reserve;
   uint64_t min_block = 1ull << 20;
   Policy policy = Policy::kSchedule;  // SPILLWAY_POLICY

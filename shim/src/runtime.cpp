@@ -277,7 +277,9 @@ Allocator* Runtime::allocator(int device) {
   const uint64_t host_total = host_memory_bytes();
   o.host_budget =
       cfg_.host_budget.set ? cfg_.host_budget.resolve(host_total) : default_host_budget(host_total);
-  o.host_reserve = cfg_.host_reserve.set ? cfg_.host_reserve.resolve(o.gpu_budget) : o.gpu_budget;
+  // Off unless asked for: on an H200 the median step got slower with it
+  // (docs/gpu.md, run 5), while the simulator showed the long steps faster.
+  o.host_reserve = cfg_.host_reserve.set ? cfg_.host_reserve.resolve(o.gpu_budget) : 0;
   std::string why;
   allocators_[i] = Allocator::create(*driver_, o, &why);
   if (!allocators_[i]) {
