@@ -47,8 +47,10 @@ class PlanFollower {
 
   // Whether the step being run is still the one the plan was made for,
   // judged by what it has allocated: `allocated` bytes (granule multiples,
-  // the step's blocks only) by launch `at`, against what the model had
-  // allocated by then, within an eighth or `slack` bytes, whichever is more.
+  // the step's blocks only) before launch `at`, against what the model had
+  // allocated between its launches at-2 and at (an allocation among several
+  // between two launches, or before the first), within an eighth or `slack`
+  // bytes, whichever is more.
   // A plan carried into a step of other sizes (a batch of other sequence
   // lengths after two alike ones) evicts and prefetches the wrong blocks.
   bool allocations_match(uint32_t at, uint64_t allocated, uint64_t slack) const;

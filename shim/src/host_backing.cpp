@@ -75,9 +75,11 @@ class HostBacking final : public Backing {
   Start start_evict(Block* b, uint64_t host_budget, bool* failed) override {
     // Host memory counts against its budget whether in use or pooled.
     if (host_budget) {
-      const size_t added = bytes_to_create(b->cap);
-      if (added && host_.held() + added > host_budget)
+      size_t added = bytes_to_create(b->cap);
+      if (added && host_.held() + added > host_budget) {
         host_.trim(host_.held() + added - host_budget);
+        added = bytes_to_create(b->cap);  // the trim may have taken pieces counted on
+      }
       if (added && host_.held() + added > host_budget) {
         log::warn_repeated(host_full_,
                            "host budget of {} reached (SPILLWAY_HOST_BUDGET): block {:#x} ({}) "
@@ -173,6 +175,8 @@ class HostBacking final : public Backing {
     if ((r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
         (r = copy_from_host(b, scratch, h2d)) == CUDA_SUCCESS)
       r = p_.streams.drain(h2d);
+    else
+      p_.streams.drain(h2d);  // pieces' copies queued before the failure end first
     bool ok = r == CUDA_SUCCESS && CU_CALL(p_.d, cuMemUnmap, scratch, b->cap) == CUDA_SUCCESS;
     bool unmapped = ok && unmap_host(b);
     if (unmapped && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
@@ -314,6 +318,13 @@ class HostBacking final : public Backing {
                            format_bytes(kPiece), cu::describe(p_.d, r));
         return 0;
       }
+      // Evictions may have created host memory meanwhile.
+      if (host_budget && host_.held() + kPiece > host_budget) {
+        CU_CALL(p_.d, cuMemUnmap, va, kPiece);
+        p_.arena.give(va, kPiece);
+        CU_CALL(p_.d, cuMemRelease, h);
+        return 0;
+      }
       host_.adopt(h, kPiece, va);
       made += kPiece;
     }
@@ -356,16 +367,25 @@ class HostBacking final : public Backing {
     return true;
   }
 
-  // Unmaps the pieces mapped at the block's first `bytes`.
+  // Unmaps the pieces mapped at the block's first `bytes`. All or none: on
+  // a failure those already unmapped are mapped again, so that the block
+  // stays whole on the host.
   bool unmap_first(Block* b, size_t bytes) {
-    bool ok = true;
     size_t off = 0;
     for (const Block::HostPiece& piece : b->host) {
       if (off >= bytes) break;
-      ok = CU_CALL(p_.d, cuMemUnmap, b->ptr + off, piece.size) == CUDA_SUCCESS && ok;
+      if (CU_CALL(p_.d, cuMemUnmap, b->ptr + off, piece.size) != CUDA_SUCCESS) {
+        size_t back = 0;
+        for (const Block::HostPiece& q : b->host) {
+          if (back >= off) break;
+          map_rw(p_.d, b->ptr + back, q.size, q.h, p_.device);
+          back += q.size;
+        }
+        return false;
+      }
       off += piece.size;
     }
-    return ok;
+    return true;
   }
   bool unmap_host(Block* b) { return unmap_first(b, b->cap); }
 
