@@ -25,22 +25,15 @@ mkdir -p "$out"
 } >"$out/env.txt" 2>&1
 
 # libspillway opens CUPTI as "libcupti.so.13" from the library path; PyTorch's
-# wheels keep theirs in site-packages, so name that directory first (one copy
-# in the process: the loader matches an already loaded soname).
-cupti_dir=$("$py" - <<'EOF' 2>/dev/null
-import glob, os, site
-roots = site.getsitepackages() + ["/usr/local/cuda/extras/CUPTI/lib64", "/usr/local/cuda/lib64"]
-for r in roots:
-    hits = glob.glob(os.path.join(r, "**", "libcupti.so.13*"), recursive=True)
-    if hits:
-        print(os.path.dirname(sorted(hits)[0]))
-        break
-EOF
-)
-if [ -n "$cupti_dir" ]; then
-  export LD_LIBRARY_PATH="$cupti_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# wheels keep theirs in site-packages: put the directory of the one
+# check_assumptions.py would use (cuda_ctypes.find_cupti) first (one copy in
+# the process: the loader matches an already loaded soname).
+cupti=$("$py" -c "import sys; sys.path.insert(0, '$here'); import cuda_ctypes as cu
+print(cu.find_cupti()[1] or '')" 2>/dev/null)
+if [ "$(dirname "${cupti:-x}")" != . ]; then
+  export LD_LIBRARY_PATH="$(dirname "$cupti")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-echo "cupti: ${cupti_dir:-not found}" >>"$out/env.txt"
+echo "cupti: ${cupti:-not found}" >>"$out/env.txt"
 
 PYTHONUNBUFFERED=1 timeout "${CHECK_TIMEOUT:-200}" "$py" "$here/check_assumptions.py" \
   --json "$out/checks.json" --timeout 90 >"$out/checks.txt" 2>&1

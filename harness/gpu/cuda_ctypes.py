@@ -297,8 +297,9 @@ def find_cupti(explicit=None):
         try:
             import importlib.util
             spec = importlib.util.find_spec("nvidia")
+            # CUDA 12 wheels: nvidia/cuda_cupti/lib; CUDA 13 wheels: nvidia/cu13/lib
             for loc in (spec.submodule_search_locations or []) if spec else []:
-                dirs.append(os.path.join(loc, "cuda_cupti", "lib"))
+                dirs += [os.path.join(loc, "cu13", "lib"), os.path.join(loc, "cuda_cupti", "lib")]
         except Exception:
             pass
         for d in dirs:
