@@ -69,6 +69,15 @@ def budget_label(entry):
     return f"spillway-{entry}" if isinstance(entry, str) else f"spillway-{entry:g}%"
 
 
+def parse_setting(text):
+    """A --set entry: SPILLWAY_NAME=value (the budget and mode are bench_gpt's own)."""
+    name, eq, value = text.partition("=")
+    if not eq or not name.startswith("SPILLWAY_") or name in ("SPILLWAY_GPU_BUDGET", "SPILLWAY_MODE"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected SPILLWAY_NAME=VALUE, other than SPILLWAY_GPU_BUDGET and SPILLWAY_MODE")
+    return name, value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -84,6 +93,10 @@ def parse_args(argv=None):
     p.add_argument("--out", default="bench_gpt_out", help="output directory (default bench_gpt_out)")
     p.add_argument("--lib", default=DEFAULT_LIB, help="libspillway.so (default: build/lib/ of this tree)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the median step time (default 2)")
+    p.add_argument("--set", dest="settings", action="append", default=[], type=parse_setting,
+                   metavar="SPILLWAY_X=VALUE",
+                   help="a spillway setting for every spillway run (repeatable), e.g. "
+                        "SPILLWAY_HOST_RESERVE=100%%; the runs' environment is otherwise cleared of SPILLWAY_*")
     g = p.add_argument_group("model (harness/models/gpt_varlen.py)")
     g.add_argument("--batch", type=int, default=4)
     g.add_argument("--vocab", type=int, default=32000)
@@ -200,6 +213,7 @@ def child_env(args, spillway_env):
     preload = [p for p in env.get("LD_PRELOAD", "").split() if "libspillway" not in os.path.basename(p)]
     if spillway_env is not None:
         preload.insert(0, os.path.abspath(args.lib))
+        env.update(dict(args.settings))
         env.update(spillway_env)
     if preload:
         env["LD_PRELOAD"] = " ".join(preload)
@@ -340,7 +354,8 @@ def main(argv=None):
             "device_name": results[0].get("device_name", args.device), "torch": torch.__version__,
             "model": {k: getattr(args, k) for k in ("batch", "vocab", "d", "layers", "heads", "median_len",
                                                       "max_len", "long_len", "dropout", "seed")},
-            "sequence_lengths": results[0].get("sequence_lengths"), "lib": os.path.abspath(args.lib)}
+            "sequence_lengths": results[0].get("sequence_lengths"), "lib": os.path.abspath(args.lib),
+            "settings": dict(args.settings)}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "runs": results}, f, indent=2)
     md = markdown(rows, meta)

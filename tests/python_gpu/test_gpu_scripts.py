@@ -58,6 +58,17 @@ def test_bench_gpt_parses_args():
             bench_gpt.parse_args(["--budgets", bad])
 
 
+def test_bench_gpt_passes_settings_to_spillway_runs_only():
+    a = bench_gpt.parse_args(["--set", "SPILLWAY_HOST_RESERVE=100%", "--set", "SPILLWAY_PLAN=off"])
+    assert a.settings == [("SPILLWAY_HOST_RESERVE", "100%"), ("SPILLWAY_PLAN", "off")]
+    env = bench_gpt.child_env(a, {"SPILLWAY_GPU_BUDGET": "1000"})
+    assert env["SPILLWAY_HOST_RESERVE"] == "100%" and env["SPILLWAY_GPU_BUDGET"] == "1000"
+    assert not any(k.startswith("SPILLWAY_") for k in bench_gpt.child_env(a, None))
+    for bad in ("SPILLWAY_HOST_RESERVE", "HOST_RESERVE=1", "SPILLWAY_GPU_BUDGET=5", "SPILLWAY_MODE=off"):
+        with pytest.raises(SystemExit):
+            bench_gpt.parse_args(["--set", bad])
+
+
 @pytest.mark.parametrize("script", [CHECK, BENCH])
 def test_help(script):
     r = run([sys.executable, script, "--help"])
