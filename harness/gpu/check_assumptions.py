@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Checks, on a real GPU, the assumptions spillway's design rests on (docs/gpu.md).
 
-    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e] [--device 0] [--json out.json]
+    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e,f] [--device 0] [--json out.json]
 
   a  VMM host memory: host-NUMA cuMemCreate, map into a device range, kernel and
      copy access through it, remap the same address device -> host -> device
   b  CUPTI launch callbacks for runtime launches (driver nested in runtime? ids?)
   c  cuMemUnmap while work on the range is pending
   d  pinned and host-NUMA VMM copy bandwidth, each way and both at once
+  e  what each VMM call costs, by size, for device and host-NUMA memory
+  f  host-NUMA creation on 1-8 threads; small driver calls on one thread while another creates
 
 Each check prints PASS / FAIL / SKIP, what it measured, and what spillway does
 if it fails. Each runs in its own child process (check c may leave its CUDA
@@ -40,6 +42,7 @@ CHECKS = {
     "c": "cuMemUnmap of a range with pending work",
     "d": "copy bandwidth each way and both at once (pinned, and host-NUMA VMM)",
     "e": "what each VMM call spillway makes costs, by size (device and host-NUMA memory)",
+    "f": "host-NUMA creation on several threads, and its cost to another thread's driver calls",
 }
 
 IF_FAILS = {
@@ -64,6 +67,11 @@ IF_FAILS = {
     "e": "spillway stays correct whatever the calls cost; each eviction and restore makes about "
          "five of them (and a first eviction of a size creates its host memory), so their cost is "
          "step time the simulator does not charge unless SIMCUDA_VMM_NS / SIMCUDA_CALL_NS say so.",
+    "f": "spillway stays correct whatever these figures are. A failure means host-NUMA memory could "
+         "not be created or released in pieces on several threads at once, or a small call failed "
+         "beside it: spillway's reserve thread creates pieces while the job's thread runs, and an "
+         "eviction whose host memory cannot be created is rolled back (`evictions_failed`). "
+         "Report the error.",
 }
 
 RESULT_TAG = "SPILLWAY-CHECK-RESULT "
@@ -666,7 +674,354 @@ def check_e(gpu, args):
     return "PASS" if m.get("device") and m.get("host") else "FAIL", m, notes
 
 
-RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e}
+# ----------------------------------------------------------------------------
+# f: host memory creation on threads, and what it costs other threads' calls
+# ----------------------------------------------------------------------------
+# How long the main thread's timed calls may run beside another thread's work (seconds): what
+# bounds the check if every call waits behind a whole 20 ms creation.
+LATENCY_PHASE_LIMIT_S = 20.0
+# Units of work (64 MiB pieces) the other thread must finish while an op is timed beside it: 200
+# launches take less than one 20 ms creation, and whatever a creation blocks may be held for a part
+# of it only, so the phase spans whole creations.
+MIN_UNITS_BESIDE = 3
+
+SMALL_CALLS = {
+    "launch_sync": "cuLaunchKernel (spw_add_u32 over 1 MiB) + cuStreamSynchronize",
+    "event_sync": "cuEventRecord + cuEventSynchronize",
+    "device_vmm_cycle": "cuMemCreate (device, one granule) + cuMemMap + cuMemSetAccess + cuMemUnmap "
+                        "+ cuMemRelease",
+    "h2d_1MiB_sync": "cuMemcpyHtoDAsync of 1 MiB from pinned memory + cuStreamSynchronize",
+}
+SMALL_CALL_NAMES = {"launch_sync": "a launch + sync", "event_sync": "an event record + sync",
+                    "device_vmm_cycle": "a device VMM create/map/unmap/release cycle",
+                    "h2d_1MiB_sync": "a 1 MiB copy + sync"}
+
+
+def latency_summary(seconds):
+    """Median, p90 (nearest rank) and max of a list of durations, in microseconds; None if empty."""
+    if not seconds:
+        return None
+    v = sorted(seconds)
+    p90 = v[max(0, -(-len(v) * 9 // 10) - 1)]
+    return {"n": len(v), "median_us": round(statistics.median(v) * 1e6, 1),
+            "p90_us": round(p90 * 1e6, 1), "max_us": round(v[-1] * 1e6, 1)}
+
+
+def latency_ratios(busy, alone):
+    """{op: {median, p90, max}}: how many times as long each op took with the other thread busy."""
+    out = {}
+    for op, a in alone.items():
+        b = busy.get(op)
+        if a and b:
+            out[op] = {k: round(b[f"{k}_us"] / max(a[f"{k}_us"], 0.1), 2) for k in ("median", "p90", "max")}
+    return out
+
+
+def in_threads(gpu, n, work):
+    """Runs work(i) for i < n, each on a thread of its own with the context current, all started at
+    once; returns (seconds from the common start to the last one's end, [exception or None])."""
+    go = threading.Barrier(n + 1, timeout=60)
+    errors = [None] * n
+
+    def body(i):
+        # a new thread has no current context, and the driver's calls need one
+        r = gpu.d.call("cuCtxSetCurrent", gpu.ctx)
+        go.wait()
+        try:
+            if r != CUDA_SUCCESS:
+                raise CudaError("cuCtxSetCurrent", r, gpu.d.error_name(r))
+            work(i)
+        except (CudaError, AttributeError) as e:
+            errors[i] = e
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, errors
+
+
+def release_handles(d, handles, errors):
+    for h in handles:
+        r = d.call("cuMemRelease", h)
+        if r != CUDA_SUCCESS:
+            errors.append(f"cuMemRelease returned {d.error_name(r)}")
+    handles.clear()
+
+
+def rate(rec, piece):
+    """A worker's record of pieces (and their first and last ends) as pieces, MiB, seconds, GB/s."""
+    span = rec.pop("end", 0) - rec.pop("start", 0)
+    rec["pieces"] = max(0, rec["pieces"])
+    if rec["pieces"] and span > 0:
+        rec.update(MiB=rec["pieces"] * piece >> 20, s=round(span, 4),
+                   GBps=round(rec["pieces"] * piece / (span * 1e9), 2))
+    return rec
+
+
+def creation_by_threads(gpu, piece, prop, n_pieces, errors):
+    """The same n_pieces host pieces created on 1, 2, 4 and 8 threads, each count's released (on
+    as many threads) before the next: one row per thread count."""
+    d, rows = gpu.d, []
+    for n in (1, 2, 4, 8):
+        counts = [n_pieces // n + (i < n_pieces % n) for i in range(n)]
+        held = [[] for _ in range(n)]
+
+        def create(i):
+            for _ in range(counts[i]):
+                h, r, _ = gpu.create(piece, prop)
+                if h is None:
+                    raise CudaError("cuMemCreate", r, d.error_name(r))
+                held[i].append(h)
+
+        t_create, errs = in_threads(gpu, n, create)
+        made = sum(len(x) for x in held)
+        t_release, errs_r = in_threads(gpu, n, lambda i: release_handles(d, held[i], errors))
+        errors += [f"{n} threads: {e}" for e in errs + errs_r if e]
+        rows.append({"threads": n, "pieces": made, "create_s": round(t_create, 4),
+                     "create_GBps": round(made * piece / (t_create * 1e9), 2),
+                     "release_s": round(t_release, 4),
+                     "release_GBps": round(made * piece / (t_release * 1e9), 2)})
+        if made < n_pieces:
+            break
+    return rows
+
+
+class SmallCalls:
+    """The job's kind of driver calls (SMALL_CALLS), each timed on the calling thread."""
+
+    def __init__(self, gpu, dprop):
+        self.gpu, self.d, self.dprop = gpu, gpu.d, dprop
+        self.g = gpu.granularity(dprop)
+        self.size = 1 << 20
+        self.s, self.ev = gpu.stream(), gpu.event()
+        self.dbuf, self.hbuf = cu.CUdeviceptr(), ctypes.c_void_p()
+        self.d.check("cuMemAlloc", ctypes.byref(self.dbuf), self.size)
+        self.d.check("cuMemHostAlloc", ctypes.byref(self.hbuf), self.size, cu.CU_MEMHOSTALLOC_PORTABLE)
+        self.va = gpu.reserve(self.g, self.g)
+        self.fns = gpu.kernels()
+        self.parts = {}  # the device VMM cycle's calls, each timed: which of them waits?
+        self.ops = {"launch_sync": self.launch_sync, "event_sync": self.event_sync,
+                    "device_vmm_cycle": self.device_vmm_cycle, "h2d_1MiB_sync": self.h2d_sync}
+        if not self.fns:
+            del self.ops["launch_sync"]
+
+    def launch_sync(self):
+        self.gpu.launch(self.fns[0], self.s, ctypes.c_uint64(self.dbuf.value),
+                        ctypes.c_uint64(self.size // 4), ctypes.c_uint32(1))
+        self.d.check("cuStreamSynchronize", self.s)
+
+    def event_sync(self):
+        self.d.check("cuEventRecord", self.ev, self.s)
+        self.d.check("cuEventSynchronize", self.ev)
+
+    def device_vmm_cycle(self):  # what each cached release and re-creation of a device block costs
+        h, t = ctypes.c_uint64(), [time.perf_counter()]
+        self.d.check("cuMemCreate", ctypes.byref(h), self.g, ctypes.byref(self.dprop), 0)
+        t.append(time.perf_counter())
+        self.gpu.map_rw(self.va, self.g, h.value)
+        t.append(time.perf_counter())
+        self.d.check("cuMemUnmap", self.va, self.g)
+        t.append(time.perf_counter())
+        self.d.check("cuMemRelease", h.value)
+        t.append(time.perf_counter())
+        for i, part in enumerate(("cuMemCreate", "cuMemMap+cuMemSetAccess", "cuMemUnmap", "cuMemRelease")):
+            self.parts.setdefault(part, []).append(t[i + 1] - t[i])
+
+    def parts_median_us(self):
+        """{call: median us} of the device VMM cycle's calls since the last timed()."""
+        return {k: round(statistics.median(v) * 1e6, 1) for k, v in self.parts.items() if v}
+
+    def h2d_sync(self):
+        self.d.check("cuMemcpyHtoDAsync", self.dbuf.value, self.hbuf, self.size, self.s)
+        self.d.check("cuStreamSynchronize", self.s)
+
+    def timed(self, op, iters, busy=None, enough=lambda: True):
+        """[seconds] of op: iters times and until enough(), unless busy (an Event) is set first."""
+        f, t = self.ops[op], []
+        self.parts = {}
+        end = time.perf_counter() + LATENCY_PHASE_LIMIT_S
+        while len(t) < iters or not enough():
+            if busy is not None and (busy.is_set() or time.perf_counter() > end):
+                break
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+        return t
+
+    def beside(self, iters, worker, errors):
+        """({op: latency_summary}, {op: the other thread's record}, {call: median us} of the device
+        VMM cycle's calls): each op timed in a phase of
+        its own (one slow op must not cut the others' samples short), at least iters times and
+        across MIN_UNITS_BESIDE units of work, while worker(stop, started, record) runs on another
+        thread with the context current. That thread does its first unit alone (it sets `started`
+        after it), so that the calls are timed beside its steady state. The GIL: it holds it only
+        between its calls, a few microseconds per 64 MiB, which can move a max, not a median."""
+        lat, recs, parts = {}, {}, {}
+        for op in self.ops:
+            stop, started, done = threading.Event(), threading.Event(), threading.Event()
+            rec = recs[op] = {"pieces": -1}  # the first, done alone, not counted
+
+            def body():
+                try:
+                    self.d.check("cuCtxSetCurrent", self.gpu.ctx)
+                    worker(stop, started, rec)
+                except (CudaError, AttributeError) as e:
+                    errors.append(str(e))
+                finally:
+                    started.set()
+                    done.set()
+
+            th = threading.Thread(target=body, daemon=True)
+            th.start()
+            try:
+                started.wait(60)
+                lat[op] = latency_summary(self.timed(op, iters, busy=done,
+                                                     enough=lambda: rec["pieces"] >= MIN_UNITS_BESIDE))
+            finally:
+                stop.set()
+                th.join()
+            parts = parts or self.parts_median_us()
+        return lat, recs, parts
+
+    def close(self):
+        self.d.check("cuMemAddressFree", self.va, self.g)
+        self.d.check("cuMemFree", self.dbuf.value)
+        self.d.check("cuMemFreeHost", self.hbuf)
+
+
+def check_f(gpu, args):
+    """(1) Host-NUMA creation in pieces on 1, 2, 4 and 8 threads; (2) the job's kind of small
+    driver calls on the main thread alone, while another thread creates host memory (spillway's
+    reserve thread), and while another thread only writes host memory (no driver call)."""
+    d, m, notes, errors = gpu.d, {}, [], []
+    # A thread coming back from a call waits for the GIL while another thread loops through short
+    # calls, up to the switch interval (5 ms by default): a quarter of a 20 ms creation. Every
+    # thread here spends its time in foreign calls, so frequent switches cost nothing else.
+    sys.setswitchinterval(1e-4)
+    numa = gpu.attr(cu.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+    hprop = gpu.prop(cu.CU_MEM_LOCATION_TYPE_HOST_NUMA, numa if numa and numa > 0 else 0)
+    dprop = gpu.prop(cu.CU_MEM_LOCATION_TYPE_DEVICE, gpu.dev)
+    gh = gpu.granularity(hprop)
+    piece = max(gh, -(-(args.piece_mib << 20) // gh) * gh)
+    n_pieces = max(1, (args.create_mib << 20) // piece)
+    m.update(piece_MiB=piece >> 20, create_total_MiB=n_pieces * piece >> 20, cpus=os.cpu_count())
+
+    # A first host creation may pay one-off costs (the driver's host allocator, NUMA policy) that
+    # no rate below should carry.
+    h, r, _ = gpu.create(piece, hprop)
+    if h is None:
+        return "FAIL", m, [f"cuMemCreate(HOST_NUMA, {piece >> 20} MiB) returned {d.error_name(r)}"]
+    release_handles(d, [h], errors)
+
+    # 1. Does creation scale with threads?
+    rows = m["host_create_by_threads"] = creation_by_threads(gpu, piece, hprop, n_pieces, errors)
+    if n_pieces < 8:
+        notes.append(f"only {n_pieces} pieces of {piece >> 20} MiB: with more threads than pieces "
+                     "some threads had nothing to create (raise --create-mib)")
+    # part 1's figures survive a death in part 2
+    emit({"check": "f", "partial": True, "status": "FAIL", "measured": m,
+          "notes": notes + [f"error: {e}" for e in errors[:5]] + ["part 2 (the timed calls) did not end"]})
+
+    # 2. Do the job's calls wait while another thread creates host memory?
+    cap = max(1, (args.busy_mib << 20) // piece)
+
+    def one_more(rec, started):
+        rec["pieces"] += 1
+        rec["end"] = time.perf_counter()
+        rec.setdefault("start", rec["end"])
+        started.set()
+
+    def creating(stop, started, rec):
+        held = []
+        try:
+            while not stop.is_set() and len(held) < cap:
+                h, r, _ = gpu.create(piece, hprop)
+                if h is None:
+                    raise CudaError("cuMemCreate", r, d.error_name(r))
+                held.append(h)
+                one_more(rec, started)
+            rec["stopped_by"] = "the calls' end" if stop.is_set() else "its cap"
+        finally:
+            release_handles(d, held, errors)
+
+    # The control: another thread writes host memory as fast as it can (memory bandwidth and a busy
+    # core, as creation's page clearing takes) without calling the driver. Creation's ratios far
+    # above this one's: the job waits on the driver, not on the memory.
+    buf = ctypes.create_string_buffer(piece)
+
+    def writing(stop, started, rec):
+        while not stop.is_set():
+            ctypes.memset(buf, rec["pieces"] & 0xFF, piece)  # releases the GIL, as a driver call does
+            one_more(rec, started)
+
+    try:
+        calls = SmallCalls(gpu, dprop)
+        m["calls"] = {k: v for k, v in SMALL_CALLS.items() if k in calls.ops}
+        if not calls.fns:
+            m["launch_sync"] = f"not measured: no kernel ({gpu._module_error})"
+        alone, parts = {}, {}
+        m["device_vmm_cycle_calls_median_us"] = parts
+        for op in calls.ops:
+            calls.timed(op, 10)  # the first calls load and allocate what the later ones reuse
+            alone[op] = latency_summary(calls.timed(op, args.latency_iters))
+            parts["alone"] = parts.get("alone") or calls.parts_median_us()
+        m["latency_alone"] = alone
+        for worker, lat_key, ratio_key, other in (
+                (creating, "latency_during_host_creation", "during_creation_vs_alone", "creating_thread"),
+                (writing, "latency_during_host_writes", "during_writes_vs_alone", "writing_thread")):
+            lat, recs, parts[lat_key[len("latency_"):]] = calls.beside(args.latency_iters, worker, errors)
+            m[lat_key], m[ratio_key] = lat, latency_ratios(lat, alone)
+            m[other] = {op: rate(rec, piece) for op, rec in recs.items()}
+        calls.close()
+    except (CudaError, AttributeError) as e:
+        errors.append(f"the timed calls: {e}")
+    del buf
+
+    if rows:
+        notes.append("host creation: " + ", ".join(
+            f"{r['threads']} thread{'s' if r['threads'] > 1 else ''} {r['create_GBps']} GB/s" for r in rows)
+            + f" ({m['create_total_MiB']} MiB in {piece >> 20} MiB pieces); release: "
+            + ", ".join(f"{r['threads']}: {r['release_GBps']} GB/s" for r in rows))
+        best = max(rows, key=lambda r: r["create_GBps"])
+        if best is rows[0]:
+            notes.append("no number of threads created faster than one thread")
+        else:
+            notes.append(f"the best, {best['threads']} threads, created at "
+                         f"{best['create_GBps'] / rows[0]['create_GBps']:.2f}x one thread's rate")
+    for label, key in (("during host creation on another thread", "during_creation_vs_alone"),
+                       ("during host writes (memset, no driver call) on another thread",
+                        "during_writes_vs_alone")):
+        for op in m.get("latency_alone", {}) if key in m else ():
+            v = m[key].get(op)
+            if v is None:
+                notes.append(f"{label}, {SMALL_CALL_NAMES[op]}: none timed (the other thread stopped first)")
+            else:
+                notes.append(f"{label}, {SMALL_CALL_NAMES[op]} took {v['median']}x as long at the median, "
+                             f"{v['p90']}x at p90, {v['max']}x at the max")
+    parts = m.get("device_vmm_cycle_calls_median_us", {})
+    if parts.get("alone") and parts.get("during_host_creation"):
+        notes.append("during host creation, the device VMM cycle's calls took at the median: " + ", ".join(
+            f"{k} {v} us ({parts['alone'].get(k)} alone)" for k, v in parts["during_host_creation"].items()))
+    bg = list(m.get("creating_thread", {}).values())
+    made, span = sum(r["pieces"] for r in bg), sum(r.get("s", 0) for r in bg)
+    if made and span > 0:
+        notes.append(f"the creating thread made {made} pieces ({made * piece >> 20} MiB) in {span:.3f} s "
+                     f"beside the timed calls: {made * piece / (span * 1e9):.2f} GB/s, against "
+                     f"{rows[0]['create_GBps'] if rows else '?'} GB/s for one thread alone")
+    for op, r in m.get("creating_thread", {}).items():
+        if r.get("stopped_by") == "its cap":
+            n = (m["latency_during_host_creation"].get(op) or {}).get("n", 0)
+            notes.append(f"{SMALL_CALL_NAMES[op]}: the creating thread reached --busy-mib {args.busy_mib} "
+                         f"first, {n} of {args.latency_iters} calls timed beside it")
+    notes += [f"error: {e}" for e in errors[:5]]
+    return ("FAIL" if errors else "PASS"), m, notes
+
+
+RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e, "f": check_f}
 
 
 def run_child(args):
@@ -736,7 +1091,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="docs/gpu.md explains each check and what to report.")
-    p.add_argument("--checks", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e (default: all)")
+    p.add_argument("--checks", default="a,b,c,d,e,f", help="comma-separated subset of a,b,c,d,e,f (default: all)")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     p.add_argument("--cuda-lib", default="libcuda.so.1", help="driver library (default libcuda.so.1)")
     p.add_argument("--cupti-lib", default=None, help="CUPTI library (default: found automatically)")
@@ -745,6 +1100,14 @@ def parse_args(argv=None):
     p.add_argument("--bw-reps", type=int, default=10, help="copies per measurement in check d (default 10)")
     p.add_argument("--vmm-mib", type=lambda t: [int(x) for x in t.split(",")], default=[2, 32, 256, 1024],
                    help="block sizes timed in check e, MiB (default 2,32,256,1024)")
+    p.add_argument("--create-mib", type=int, default=2048,
+                   help="host memory created per thread count in check f, MiB (default 2048)")
+    p.add_argument("--piece-mib", type=int, default=64,
+                   help="size of each host creation in check f, MiB (default 64, spillway's piece)")
+    p.add_argument("--latency-iters", type=int, default=200,
+                   help="timed iterations of each small call in check f, per condition (default 200)")
+    p.add_argument("--busy-mib", type=int, default=8192,
+                   help="most host memory the creating thread of check f holds at once, MiB (default 8192)")
     p.add_argument("--pending-ms", type=float, default=300.0,
                    help="duration of the pending work in check c, ms (default 300)")
     p.add_argument("--memset-chain", type=int, default=2000,
@@ -757,7 +1120,10 @@ def parse_args(argv=None):
     names = [c.strip() for c in args.checks.split(",") if c.strip()]
     bad = [c for c in names if c not in CHECKS]
     if bad or not names:
-        p.error(f"--checks: unknown {', '.join(bad) or '(empty)'}; accepted: a, b, c, d")
+        p.error(f"--checks: unknown {', '.join(bad) or '(empty)'}; accepted: {', '.join(CHECKS)}")
+    for opt in ("create_mib", "piece_mib", "latency_iters", "busy_mib"):
+        if getattr(args, opt) < 1:
+            p.error(f"--{opt.replace('_', '-')} must be at least 1")
     args.check_list = names
     return args
 
@@ -788,7 +1154,9 @@ def main(argv=None):
     passthrough = ["--device", str(args.device), "--cuda-lib", args.cuda_lib,
                    "--bw-mib", str(args.bw_mib), "--bw-reps", str(args.bw_reps),
                    "--pending-ms", str(args.pending_ms), "--memset-chain", str(args.memset_chain),
-                   "--vmm-mib", ",".join(str(x) for x in args.vmm_mib)]
+                   "--vmm-mib", ",".join(str(x) for x in args.vmm_mib),
+                   "--create-mib", str(args.create_mib), "--piece-mib", str(args.piece_mib),
+                   "--latency-iters", str(args.latency_iters), "--busy-mib", str(args.busy_mib)]
     if args.cupti_lib:
         passthrough += ["--cupti-lib", args.cupti_lib]
     if args.no_unsafe:

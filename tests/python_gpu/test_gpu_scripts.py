@@ -33,13 +33,35 @@ def cc():
 # --- imports and arguments ------------------------------------------------------
 def test_check_assumptions_parses_args():
     a = check_assumptions.parse_args([])
-    assert a.check_list == ["a", "b", "c", "d", "e"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    assert a.check_list == ["a", "b", "c", "d", "e", "f"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
     assert a.vmm_mib == [2, 32, 256, 1024]
+    assert (a.create_mib, a.piece_mib, a.latency_iters, a.busy_mib) == (2048, 64, 200, 8192)
     a = check_assumptions.parse_args(["--checks", "a,d", "--device", "1", "--no-unsafe", "--bw-mib", "64"])
     assert a.check_list == ["a", "d"] and a.device == 1 and a.no_unsafe and a.bw_mib == 64
     assert check_assumptions.parse_args(["--vmm-mib", "4,64"]).vmm_mib == [4, 64]
+    a = check_assumptions.parse_args(["--checks", "f", "--create-mib", "128", "--piece-mib", "16"])
+    assert a.check_list == ["f"] and a.create_mib == 128 and a.piece_mib == 16
     with pytest.raises(SystemExit):
         check_assumptions.parse_args(["--checks", "a,z"])
+    for bad in (["--create-mib", "0"], ["--piece-mib", "0"], ["--latency-iters", "0"], ["--busy-mib", "-1"]):
+        with pytest.raises(SystemExit):
+            check_assumptions.parse_args(bad)
+
+
+def test_unknown_check_lists_every_check():
+    r = run([sys.executable, CHECK, "--checks", "a,z"])
+    assert r.returncode == 2 and "accepted: a, b, c, d, e, f" in r.stderr, r.stderr
+
+
+def test_latency_summary_and_ratios():
+    s = check_assumptions.latency_summary([i * 1e-6 for i in range(1, 11)])  # 1..10 us
+    assert s == {"n": 10, "median_us": 5.5, "p90_us": 9.0, "max_us": 10.0}
+    assert check_assumptions.latency_summary([]) is None
+    one = check_assumptions.latency_summary([3e-6])
+    assert one == {"n": 1, "median_us": 3.0, "p90_us": 3.0, "max_us": 3.0}
+    busy = {"x": check_assumptions.latency_summary([i * 2e-6 for i in range(1, 11)]), "y": None}
+    r = check_assumptions.latency_ratios(busy, {"x": s, "y": s, "z": s})
+    assert r == {"x": {"median": 2.0, "p90": 2.0, "max": 2.0}}  # y: nothing timed; z: not run
 
 
 def test_bench_gpt_parses_args():
@@ -193,8 +215,11 @@ def test_checks_run_on_the_simulator(tmp_path):
     if not os.path.exists(sim):
         pytest.skip("no simulated driver built")
     out = tmp_path / "r.json"
-    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e", "--vmm-mib", "2,8", "--bw-mib", "16",
-             "--bw-reps", "3", "--memset-chain", "20", "--json", str(out)],
+    # f: the sim's host creation costs no wall time (SIMCUDA_HOST_CREATE_GBPS moves only its virtual
+    # clock), so its creating thread needs a high cap to still be creating while the calls are timed.
+    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e,f", "--vmm-mib", "2,8", "--bw-mib", "16",
+             "--bw-reps", "3", "--memset-chain", "20", "--create-mib", "128", "--piece-mib", "16",
+             "--latency-iters", "20", "--busy-mib", "262144", "--json", str(out)],
             env={"LD_LIBRARY_PATH": os.path.dirname(sim)})
     assert r.returncode == 0, r.stdout + r.stderr
     import json
@@ -205,3 +230,22 @@ def test_checks_run_on_the_simulator(tmp_path):
     assert res["d"]["measured"]["pinned"]["h2d_GBps"] == pytest.approx(55.0, rel=0.02)  # virtual time
     assert res["e"]["status"] == "PASS"
     assert [row["MiB"] for row in res["e"]["measured"]["host"]] == [2, 8]
+    f = res["f"]
+    assert f["status"] == "PASS", f["notes"]
+    fm = f["measured"]
+    assert (fm["piece_MiB"], fm["create_total_MiB"]) == (16, 128)
+    assert [row["threads"] for row in fm["host_create_by_threads"]] == [1, 2, 4, 8]
+    assert all(row["pieces"] == 8 and row["create_GBps"] > 0 and row["release_GBps"] > 0
+               for row in fm["host_create_by_threads"])
+    calls = {"event_sync", "device_vmm_cycle", "h2d_1MiB_sync"}  # launch_sync: the sim loads no module
+    assert fm["launch_sync"].startswith("not measured: no kernel")
+    assert set(fm["latency_alone"]) == calls and all(v["n"] == 20 for v in fm["latency_alone"].values())
+    for lat, ratio, other in (("latency_during_host_creation", "during_creation_vs_alone", "creating_thread"),
+                              ("latency_during_host_writes", "during_writes_vs_alone", "writing_thread")):
+        assert set(fm[lat]) == calls and set(fm[ratio]) == calls and set(fm[other]) == calls
+        assert all(v["n"] >= 1 for v in fm[lat].values())  # 20, or more to span 3 pieces
+        assert all(set(v) == {"median", "p90", "max"} for v in fm[ratio].values())
+    assert all(v["pieces"] >= 1 and v["GBps"] > 0 and v["stopped_by"] == "the calls' end"
+               for v in fm["creating_thread"].values())
+    assert any(n.startswith("host creation: 1 thread ") for n in f["notes"])
+    assert any("during host creation on another thread, an event record + sync took" in n for n in f["notes"])
