@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -109,6 +110,12 @@ struct Memory {
   // Per device: device-resident managed granules by last use (oldest first).
   std::vector<std::map<uint64_t, std::pair<Managed*, size_t>>> lru;
   uint64_t next_stamp = 0;
+  // Host-located cuMemCreate calls, [start, end) in virtual time: one at a
+  // time, and every VMM call of any thread that falls inside one waits for
+  // its end (measured on an H200, docs/gpu.md check (f); docs/sim.md,
+  // "Host memory creation holds the VMM calls").
+  std::deque<std::pair<uint64_t, uint64_t>> creating;
+  uint64_t creating_free_at = 0;
 };
 
 Memory& M() {
@@ -186,6 +193,14 @@ void uncharge(Memory& m, const Physical& p) {
 }
 
 // Returns physical memory to the system once it is neither mapped nor owned.
+// A VMM call of the calling thread starts once the host creation its clock
+// falls inside has ended (Memory::creating). Caller holds m.mu.
+void wait_for_creation(const Memory& m) {
+  const uint64_t t = clock::now();
+  for (const auto& [start, end] : m.creating)
+    if (start <= t && t < end) clock::advance_to(end);
+}
+
 void maybe_free(Memory& m, const std::shared_ptr<Physical>& p) {
   if (!p->released || p->mappings > 0) return;
   fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(p->offset),
@@ -463,6 +478,7 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
       Context* ctx = nullptr;
       if (current_context(&ctx) == CUDA_SUCCESS) p->device = ctx->device;
     }
+    wait_for_creation(m);
     CUresult r = p->host ? charge_host(m, size) : charge_device(m, p->device, size);
     if (r != CUDA_SUCCESS) return r;
     p->offset = m.next_offset;
@@ -470,13 +486,18 @@ CUresult create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAl
     p->id = m.next_handle++;
     m.handles[p->id] = p;
     *handle = p->id;
-  }
-  // Pinning and clearing the pages, on the calling thread (SIMCUDA_HOST_CREATE_GBPS).
-  if (p->host && m.cfg.host_create_bytes_per_ns > 0)
-    clock::advance(
-        static_cast<uint64_t>(static_cast<double>(size) / m.cfg.host_create_bytes_per_ns));
-  {
-    std::lock_guard lk(m.mu);
+    // Pinning and clearing the pages, on the calling thread
+    // (SIMCUDA_HOST_CREATE_GBPS), after any other creation: it did not go
+    // faster on several threads (docs/gpu.md check (f)).
+    if (p->host && m.cfg.host_create_bytes_per_ns > 0) {
+      const uint64_t start = std::max(clock::now(), m.creating_free_at);
+      const uint64_t end =
+          start + static_cast<uint64_t>(static_cast<double>(size) / m.cfg.host_create_bytes_per_ns);
+      m.creating.emplace_back(start, end);
+      while (m.creating.size() > 256) m.creating.pop_front();  // only the recent past matters
+      m.creating_free_at = end;
+      clock::advance_to(end);
+    }
     p->ready_at = clock::now();
   }
   return CUDA_SUCCESS;
@@ -489,6 +510,7 @@ CUresult release(CUmemGenericAllocationHandle handle) {
   if (it == m.handles.end() || it->second->released)
     return refuse(CUDA_ERROR_INVALID_VALUE,
                   "cuMemRelease: unknown or already released handle %#llx", handle);
+  wait_for_creation(m);
   auto p = it->second;
   p->released = true;
   maybe_free(m, p);  // otherwise freed by the last cuMemUnmap (cuda.h: cuMemRelease)
@@ -541,6 +563,7 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   // created it); nobody can map it before then (docs/sim.md, "Handing
   // physical memory between threads").
   clock::advance_to(std::max(p->unmapped_at, p->ready_at));
+  wait_for_creation(m);
   return CUDA_SUCCESS;
 }
 
@@ -567,6 +590,7 @@ CUresult unmap(CUdeviceptr ptr, size_t size) {
   uint64_t last_use = 0;
   for (const Mapping* mp : maps) last_use = std::max(last_use, mp->last_use_end);
   clock::advance_to(last_use);
+  wait_for_creation(m);
   const uint64_t now = clock::now();
   for (Mapping* mp : maps) {
     map_fixed_none(mp->va, mp->size);
@@ -620,6 +644,7 @@ CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, s
   Reservation* r = nullptr;
   if (CUresult e = whole_mappings(m, ptr, size, "cuMemSetAccess", &maps, &r); e != CUDA_SUCCESS)
     return e;
+  wait_for_creation(m);
   for (Mapping* mp : maps) {
     mprotect(reinterpret_cast<void*>(mp->va), mp->size, prot_of(access));
     mp->access = access;

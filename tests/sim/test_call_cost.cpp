@@ -203,3 +203,70 @@ TEST(SimCallCost, AHandleIsMappedNoEarlierThanItWasCreated) {
     EXPECT_CU(cuMemRelease(h));
   });
 }
+
+// Host memory creation holds the driver's VMM calls: on an H200 a device
+// create, map, set access, unmap or release on one thread waited for a host
+// cuMemCreate on another to end, launches and events did not, and creations
+// on several threads went no faster than on one (docs/gpu.md, check (f)).
+TEST(SimCallCost, AHostCreationHoldsUpEveryVmmCallOfOtherThreadsButNothingElse) {
+  run_isolated({{"SIMCUDA_VMM_NS", "20us"}, {"SIMCUDA_HOST_CREATE_GBPS", "1"}}, [] {
+    init_primary();
+    const size_t g = granularity();
+    const CUmemAllocationProp hprop = host_prop();
+    const CUmemAllocationProp dprop = device_prop();
+    CUcontext ctx = nullptr;
+    ASSERT_CU(cuCtxGetCurrent(&ctx));
+    CUdeviceptr va = 0;
+    ASSERT_CU(cuMemAddressReserve(&va, 2 * g, 0, 0, 0));
+    CUmemGenericAllocationHandle mapped = 0, h = 0, d = 0, h2 = 0;
+    ASSERT_CU(cuMemCreate(&mapped, g, &dprop, 0));
+    ASSERT_CU(cuMemMap(va, g, 0, mapped, 0));
+    CUevent e = nullptr;
+    ASSERT_CU(cuEventCreate(&e, CU_EVENT_DEFAULT));
+    uint64_t start = 0, end = 0;
+    std::thread maker([&] {
+      EXPECT_CU(cuCtxSetCurrent(ctx));
+      start = simcuda_now_ns();
+      EXPECT_CU(cuMemCreate(&h, 64 * g, &hprop, 0));
+      end = simcuda_now_ns();
+    });
+    maker.join();
+    ASSERT_GE(end, start + 64 * g);  // 1 byte per ns
+    // This thread's clock a little after the creation began (a new thread's
+    // clock starts at the latest any thread reached, docs/sim.md).
+    if (simcuda_now_ns() < start + 1000) simcuda_host_advance_ns(start + 1000 - simcuda_now_ns());
+    // Not a VMM call: not held up.
+    ASSERT_LT(simcuda_now_ns(), end);
+    EXPECT_CU(cuEventRecord(e, nullptr));
+    EXPECT_LT(simcuda_now_ns(), end);
+    // Each VMM call whose start falls inside the creation waits for its end.
+    const CUmemAccessDesc acc = read_write();
+    EXPECT_CU(cuMemSetAccess(va, g, &acc, 1));
+    EXPECT_GE(simcuda_now_ns(), end);
+    // A second creation starts after the first one's end, whatever the
+    // thread's clock said, and takes its own time.
+    ASSERT_CU(cuMemCreate(&d, g, &dprop, 0));
+    ASSERT_CU(cuMemCreate(&h2, g, &hprop, 0));
+    EXPECT_GE(simcuda_now_ns(), end + g);
+    EXPECT_CU(cuMemUnmap(va, g));
+    EXPECT_CU(cuMemAddressFree(va, 2 * g));
+    for (CUmemGenericAllocationHandle x : {mapped, h, d, h2}) EXPECT_CU(cuMemRelease(x));
+    EXPECT_CU(cuEventDestroy(e));
+  });
+}
+
+// The same calls on a thread whose clock is past every creation wait for
+// nothing: only a call that would run during a creation is held.
+TEST(SimCallCost, AVmmCallAfterEveryCreationWaitsForNone) {
+  run_isolated({{"SIMCUDA_VMM_NS", "20us"}, {"SIMCUDA_HOST_CREATE_GBPS", "1"}}, [] {
+    init_primary();
+    const size_t g = granularity();
+    const CUmemAllocationProp hprop = host_prop();
+    const CUmemAllocationProp dprop = device_prop();
+    CUmemGenericAllocationHandle h = 0, d = 0;
+    ASSERT_CU(cuMemCreate(&h, 8 * g, &hprop, 0));
+    EXPECT_EQ(20000u, cost_of([&] { return cuMemCreate(&d, g, &dprop, 0); }));
+    EXPECT_EQ(20000u, cost_of([&] { return cuMemRelease(d); }));
+    EXPECT_CU(cuMemRelease(h));
+  });
+}
