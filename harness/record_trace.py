@@ -64,6 +64,10 @@ _CONV = {"convolution", "_convolution", "mkldnn_convolution", "_slow_conv2d_forw
          "thnn_conv2d", "conv2d"}
 _ALLOC_ONLY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                "_empty_affine_quantized"}
+# metadata queries: a result computed on the host from sizes alone, no kernel
+# (is_same_size: torch.autograd.backward's check of given gradients, as in
+# checkpoint(use_reentrant=True)'s backward)
+_NO_KERNEL = {"is_same_size"}
 
 
 def _numel(shape) -> int:
@@ -172,6 +176,59 @@ def _conv_backward_meta(grad_out, inp, weight, bias_sizes, stride, padding, dila
 
 _META_FALLBACKS = {torch.ops.aten.convolution_backward.default: _conv_backward_meta}
 
+_NUMBER = (bool, int, float, complex)
+
+
+def _wrapped_number(value):
+    """The tensor PyTorch makes of a Python scalar operand, holding `value`.
+
+    That is a 0-dim CPU tensor flagged as a "wrapped number" (double for a
+    float, int64 for an int, ...; in type promotion it counts as a scalar).
+    torch 1.13 has no Python constructor for one, but autograd saves one for
+    `t * value` (MulBackward keeps `other`): it is taken from there, with a
+    pack hook of our own over any hooks in force (checkpoint's included).
+    """
+    got = []
+
+    def pack(t):
+        got.append(t)
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.ones((), requires_grad=True) * value
+    for t in got:
+        if t.dim() == 0 and t.device.type == "cpu" and t.requires_grad is False:
+            return t
+    return torch.tensor(value)   # inference mode: an ordinary 0-dim tensor
+
+
+def _numbers_as_tensors(func, args, kwargs):
+    """`args`, `kwargs` with every Python number at a Tensor argument made a wrapped number.
+
+    torch 1.13 hands a wrapped-number tensor to __torch_dispatch__ as a Python
+    scalar, and torch.ops takes a scalar for a Tensor argument only for a few
+    arithmetic ops (mul, add, ...): any other op on a wrapped number cannot be
+    re-dispatched as it arrives.  Wrapped numbers reach such ops when autograd
+    saved one (`x * 0.5` saves 0.5) and a saved-tensor hook works on it:
+    checkpoint(use_reentrant=False) `detach()`es every tensor saved while it
+    recomputes a region in backward.  None if there is no such number.
+    """
+    args, kwargs, changed = list(args), dict(kwargs), False
+    for idx, a in enumerate(func._schema.arguments):
+        t = a.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if not isinstance(t, torch.TensorType):
+            continue
+        if a.kwarg_only or idx >= len(args):
+            if isinstance(kwargs.get(a.name), _NUMBER):
+                kwargs[a.name] = _wrapped_number(kwargs[a.name])
+                changed = True
+        elif isinstance(args[idx], _NUMBER):
+            args[idx] = _wrapped_number(args[idx])
+            changed = True
+    return (tuple(args), kwargs) if changed else None
+
 
 class _Live:
     __slots__ = ("alloc", "nbytes", "ref")
@@ -239,7 +296,14 @@ class Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         self.poll()
         try:
-            out = func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except RuntimeError:
+                wrapped = _numbers_as_tensors(func, args, kwargs)
+                if wrapped is None:
+                    raise
+                args, kwargs = wrapped   # host scalars: never traced, as before
+                out = func(*args, **kwargs)
         except NotImplementedError:
             fallback = _META_FALLBACKS.get(func)
             if fallback is None or self.device.type != "meta":
@@ -332,7 +396,7 @@ class Recorder(TorchDispatchMode):
             for rec in new_allocs:
                 self.w.copy(0, st.COPY_H2D, rec.nbytes, copy_duration_ns(rec.nbytes), (rec.alloc, 0), (0, 0))
             return
-        if name in _ALLOC_ONLY or not touches or _is_view(func):
+        if name in _ALLOC_ONLY or name in _NO_KERNEL or not touches or _is_view(func):
             return
         if name == "_local_scalar_dense":     # .item(): a device-to-host copy
             a = order[0]
