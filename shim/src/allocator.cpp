@@ -226,14 +226,31 @@ void* Allocator::malloc_small(size_t size, CUstream stream) {
 void* Allocator::malloc_large(size_t size, CUstream stream) {
   const size_t cap = round_up(size, granule_);
   Block* b = cache_.take_large(cap, slack(cap, granule_), stream, *streams_);
+  if (!b && splits())
+    if (void* p = malloc_part(size, stream)) return p;
+  bool pressed = false;
   if (!b) {
     const bool budgeted = budget_.gpu() != 0;
-    const bool pressed = budgeted && !plan_.active() && excess(cap) > 0 && !dev_.has(cap);
+    pressed = budgeted && !plan_.active() && (splits() || (excess(cap) > 0 && !dev_.has(cap)));
     if (pressed || !budgeted)
       b = cache_.take_large(cap, wider_slack(cap, pressed), stream, *streams_);
   }
   if (b) {
     ++s_.cache_hits;
+    // Taken under pressure from a larger block: its room beyond this
+    // allocation serves the next ones of its stream, rather than each
+    // releasing a cached block and making a new one (five VMM calls, tens
+    // of microseconds each on hardware; docs/gpu.md run 6).
+    const size_t used = round_up(size, kSmallAlign);
+    if (pressed && splits() && b->cap - used >= o_.min_block) {
+      note_live(b, size, stream);
+      b->parts[b->ptr] = size;
+      b->spare.give(b->ptr + used, b->cap - used);
+      cache_.add_split(b);
+      ++s_.split_allocations;
+      step_allocated_ += round_up(size, granule_);
+      return reinterpret_cast<void*>(b->ptr);
+    }
   } else {
     if (!ensure_context()) return nullptr;
     b = backing_->create(cap, stream);
@@ -243,6 +260,48 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
   step_allocated_ += round_up(size, granule_);
   if (plan_.active()) check_plan_still_fits();
   return reinterpret_cast<void*>(b->ptr);
+}
+
+void* Allocator::malloc_part(size_t size, CUstream stream) {
+  Block* b = nullptr;
+  const uintptr_t p = cache_.take_spare(round_up(size, kSmallAlign), stream, &b);
+  if (!p) return nullptr;
+  b->parts[p] = size;
+  if (p != b->ptr) table_.add_part(p, b);
+  b->size = std::max(b->size, p + size - b->ptr);
+  b->last_use = ++tick_;
+  live_ += size;
+  step_peak_ = std::max(step_peak_, live_.value);
+  ++s_.mallocs;
+  ++s_.cache_hits;
+  ++s_.split_allocations;
+  step_allocated_ += round_up(size, granule_);
+  if (plan_.active()) check_plan_still_fits();
+  return reinterpret_cast<void*>(p);
+}
+
+bool Allocator::free_part(Block* b, uintptr_t p, size_t size) {
+  b->parts.erase(p);
+  if (p != b->ptr) table_.remove_part(p);
+  if (b->parts.empty()) {
+    // Its last allocation: freed as a block of one.
+    b->spare = FreeRanges{};
+    cache_.drop_split(b);
+    b->size = size;
+    return false;
+  }
+  live_ -= size;
+  ++s_.frees;
+  b->last_use = ++tick_;
+  // Only its own stream has used the block since it was last free: stream
+  // order keeps the range's next owner behind this free's work (contract
+  // 3). A range another stream may still be using stays out until the
+  // whole block is freed.
+  if (b->users.empty()) b->spare.give(p, round_up(size, kSmallAlign));
+  size_t end = 0;
+  for (const auto& [q, n] : b->parts) end = std::max(end, q + n - b->ptr);
+  b->size = end;
+  return true;
 }
 
 void Allocator::check_plan_still_fits() {
@@ -263,7 +322,15 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   InternalCalls internal;
   if (!ptr) return;
   std::lock_guard lk(mu_);
-  Block* b = table_.live_at(reinterpret_cast<uintptr_t>(ptr));
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  Block* b = table_.live_at(p);
+  if (!b) b = table_.part_at(p);
+  size_t allocated = b ? b->size : 0;
+  if (b && !b->parts.empty()) {
+    auto it = b->parts.find(p);
+    allocated = it == b->parts.end() ? 0 : it->second;
+    if (it == b->parts.end()) b = nullptr;  // a split block's start, freed before
+  }
   if (!b) {
     ++s_.bad_frees;
     log::error(
@@ -272,12 +339,13 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
         ptr, size, static_cast<void*>(stream));
     return;
   }
-  if (size != b->size) {
+  if (size != allocated) {
     ++s_.bad_frees;
     log::error("free of {} with size {}, but it was allocated with {} bytes; ignored", ptr, size,
-               b->size);
+               allocated);
     return;
   }
+  if (!b->parts.empty() && free_part(b, p, size)) return;
   table_.remove_live(b);
   if (b->large) chooser_->on_free(b->ptr);
   b->live = false;
@@ -481,8 +549,8 @@ size_t Allocator::finish_departed(size_t want, bool wait, const Block* until) {
 CUresult Allocator::evict(const void* ptr) {
   InternalCalls internal;
   std::lock_guard lk(mu_);
-  Block* b = table_.live_at(reinterpret_cast<uintptr_t>(ptr));
-  if (!b || !b->large) return CUDA_ERROR_INVALID_VALUE;
+  Block* b = table_.owner_of(reinterpret_cast<uintptr_t>(ptr));
+  if (!b || !b->large || !b->live) return CUDA_ERROR_INVALID_VALUE;
   if (b->where == Block::Where::kHost) return CUDA_SUCCESS;
   if (b->where == Block::Where::kEvicting || b->where == Block::Where::kArriving)
     return CUDA_ERROR_NOT_READY;

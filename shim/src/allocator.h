@@ -155,6 +155,13 @@ class Allocator final : public AccessSink, private DeviceRoom {
 
   void* malloc_small(size_t size, CUstream stream);
   void* malloc_large(size_t size, CUstream stream);
+  // Split blocks (block.h): whether this backing splits them (host mode:
+  // a managed block's pages migrate one by one); an allocation from a split
+  // block's spare room (null if none fits); a free of one of its
+  // allocations (false: it was the last, the block is freed whole).
+  bool splits() const { return o_.evict && !o_.managed; }
+  void* malloc_part(size_t size, CUstream stream);
+  bool free_part(Block* b, uintptr_t p, size_t size);
   void note_live(Block* b, size_t size, CUstream stream);
   void note_user(Block* b, CUstream stream);
   // A use of a live large block by `consumer` (null: a hold): cancels its

@@ -14,11 +14,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
 #include "events.h"
 #include "raii.h"
+#include "vmm.h"
 
 namespace spillway {
 
@@ -34,7 +36,9 @@ struct Block {
     kArriving,
   };
   uintptr_t ptr = 0;
-  size_t size = 0;              // requested bytes while live
+  // Requested bytes while live; of a split block, from ptr to the end of its
+  // last allocation (what an eviction copies).
+  size_t size = 0;
   size_t cap = 0;               // bytes behind it: a granule multiple for large blocks
   CUstream stream = nullptr;    // the allocation stream: its free list on reuse
   std::vector<CUstream> users;  // other streams seen using it (contract 3)
@@ -67,6 +71,13 @@ struct Block {
   Cause cause = Cause::kBudget;  // kEvicting: why
   uint64_t queued_ns = 0;        // kEvicting: when the copy was queued
   std::vector<Event> pending;    // freed: events on `users` that must complete first
+  // A split block: a larger cached block taken under pressure serves several
+  // allocations of its stream (allocator.cpp, malloc_large), so that a
+  // shorter step reuses a longer one's memory without driver calls. It still
+  // moves as one. `parts`: each live allocation's address and requested
+  // size; `spare`: the ranges none holds. Both empty for a block of one.
+  std::map<uintptr_t, size_t> parts;
+  FreeRanges spare;
 };
 
 }  // namespace spillway

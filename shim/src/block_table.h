@@ -40,6 +40,14 @@ class BlockTable {
   void remove_live(Block* b) { live_.erase(b->ptr); }
   Block* live_at(uintptr_t p) const;
   const std::unordered_map<uintptr_t, Block*>& live() const { return live_; }
+  // A split block's allocations other than one at its start (those are
+  // live_at): allocation address -> block.
+  void add_part(uintptr_t p, Block* b) { parts_[p] = b; }
+  void remove_part(uintptr_t p) { parts_.erase(p); }
+  Block* part_at(uintptr_t p) const {
+    auto it = parts_.find(p);
+    return it == parts_.end() ? nullptr : it->second;
+  }
 
   // The live or cached block containing `p` (large: any interior address).
   Block* owner_of(uintptr_t p) const;
@@ -76,6 +84,7 @@ class BlockTable {
   // ours, never miss one that is.
   std::atomic<uintptr_t> outside_lo_{UINTPTR_MAX}, outside_hi_{0};
   std::unordered_map<uintptr_t, Block*> live_;
+  std::unordered_map<uintptr_t, Block*> parts_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Block*> spare_;
 };

@@ -105,13 +105,11 @@ class HostBacking final : public Backing {
     // stream, after the block's last use on each stream that used it.
     const CUstream d2h = p_.streams.d2h();
     r = p_.streams.order_after_uses(d2h, *b);
-    size_t off = 0;
-    for (const Block::HostPiece& piece : b->host) {
-      if (r == CUDA_SUCCESS && off < b->size)
-        r = CU_CALL(p_.d, cuMemcpyDtoDAsync, piece.va, b->ptr + off,
-                    std::min(piece.size, b->size - off), d2h);
-      off += piece.size;
-    }
+    if (r == CUDA_SUCCESS)
+      r = for_each_copy(
+          b, [&](const Block::HostPiece& piece, size_t in_piece, size_t off, size_t n) {
+            return CU_CALL(p_.d, cuMemcpyDtoDAsync, piece.va + in_piece, b->ptr + off, n, d2h);
+          });
     if (r != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       // A copy queued before the failure must end before the pieces are reused.
@@ -392,15 +390,42 @@ class HostBacking final : public Backing {
   // The block's bytes, read through its host mapping piece by piece (a copy
   // stays within one mapping), into `dst` on `stream`.
   CUresult copy_from_host(const Block* b, uintptr_t dst, CUstream stream) {
-    size_t off = 0;
-    for (const Block::HostPiece& piece : b->host) {
-      if (off >= b->size) break;
-      const CUresult r = CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, b->ptr + off,
-                                 std::min(piece.size, b->size - off), stream);
-      if (r != CUDA_SUCCESS) return r;
-      off += piece.size;
+    return for_each_copy(b, [&](const Block::HostPiece&, size_t, size_t off, size_t n) {
+      return CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, b->ptr + off, n, stream);
+    });
+  }
+
+  // The copies that move a block: its bytes from its start to `size`, or of
+  // a split block its allocations' ranges alone (what its spare room holds is
+  // dead), each cut at the host pieces' bounds. `copy(piece, offset in the
+  // piece, offset in the block, bytes)`; stops at the first failure.
+  template <class Copy>
+  CUresult for_each_copy(const Block* b, Copy&& copy) {
+    auto range = [&](size_t lo, size_t hi) {
+      size_t at = 0;
+      for (const Block::HostPiece& piece : b->host) {
+        const size_t from = std::max(lo, at), to = std::min(hi, at + piece.size);
+        if (from < to)
+          if (CUresult r = copy(piece, from - at, from, to - from); r != CUDA_SUCCESS) return r;
+        at += piece.size;
+        if (at >= hi) break;
+      }
+      return CUDA_SUCCESS;
+    };
+    if (b->parts.empty()) return range(0, b->size);
+    // Parts in address order; neighbours merge into one copy.
+    size_t lo = 0, hi = 0;
+    for (const auto& [p, n] : b->parts) {
+      const size_t from = p - b->ptr, to = from + n;
+      if (hi > lo && from > hi) {
+        if (CUresult r = range(lo, hi); r != CUDA_SUCCESS) return r;
+        lo = from;
+      } else if (hi == lo) {
+        lo = from;
+      }
+      hi = std::max(hi, to);
     }
-    return CUDA_SUCCESS;
+    return hi > lo ? range(lo, hi) : CUDA_SUCCESS;
   }
 
   // kArriving -> kHost, its copy done: the device copy and its staging

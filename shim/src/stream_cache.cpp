@@ -29,6 +29,31 @@ Block* StreamCache::take_large(size_t cap, size_t slack, CUstream stream, CopySt
   return nullptr;
 }
 
+void StreamCache::drop_split(Block* b) {
+  auto it = split_.find(b->stream);
+  if (it == split_.end()) return;
+  std::erase(it->second, b);
+}
+
+uintptr_t StreamCache::take_spare(size_t n, CUstream stream, Block** owner) {
+  auto it = split_.find(stream);
+  if (it == split_.end()) return 0;
+  // Best fit across the blocks: the smallest spare range that holds n.
+  Block* best = nullptr;
+  size_t best_len = SIZE_MAX;
+  for (Block* b : it->second) {
+    if (b->where != Block::Where::kDevice) continue;  // its spare is not device memory now
+    const size_t len = b->spare.fit(n);
+    if (len && len < best_len) {
+      best = b;
+      best_len = len;
+    }
+  }
+  if (!best) return 0;
+  *owner = best;
+  return best->spare.take(n);
+}
+
 void StreamCache::give_later(Block* b, CUstream evicting_on) {
   // Its eviction copy reads it: reusable only once that copy is done, so that
   // a new owner's writes do not race it.

@@ -41,6 +41,12 @@ class StreamCache {
     if (evicting_on || !b->users.empty()) return give_later(b, evicting_on);
     make_reusable(b);
   }
+  // Split blocks (block.h) with spare ranges, by their stream: a request
+  // of `n` bytes (a kSmallAlign multiple) takes the best fit among those of
+  // `stream` whose memory is on the device; 0 if none.
+  void add_split(Block* b) { split_[b->stream].push_back(b); }
+  void drop_split(Block* b);
+  uintptr_t take_spare(size_t n, CUstream stream, Block** owner);
   // Frees whose events completed become reusable.
   void process_pending() {
     if (!pending_.empty()) reuse_pending();
@@ -116,6 +122,7 @@ class StreamCache {
   // returning a block allocates nothing.
   using SizeLists = std::map<size_t, std::vector<Block*>>;
   std::map<CUstream, SizeLists> large_;
+  std::map<CUstream, std::vector<Block*>> split_;
   std::vector<Block*> pending_;                         // freed, waiting for user-stream events
   std::vector<Event> events_;                           // pool for pending frees
   std::map<uintptr_t, std::unique_ptr<Chunk>> chunks_;  // by base address

@@ -23,6 +23,11 @@ class FreeRanges {
  public:
   void give(uintptr_t p, size_t n);
   uintptr_t take(size_t n);  // 0 if no range is large enough
+  // The length of the range take(n) would carve from; 0 if none.
+  size_t fit(size_t n) const {
+    auto it = by_size_.lower_bound(n);
+    return it == by_size_.end() ? 0 : it->first;
+  }
   size_t free_bytes() const { return free_bytes_; }
 
  private:
