@@ -16,6 +16,7 @@ size_t round_up(size_t v, size_t a) {
 
 // Small blocks are 512-byte aligned, like PyTorch's, in chunks of 2 MiB.
 constexpr size_t kSmallAlign = 512;
+constexpr size_t kSplitRatio = 8;
 constexpr size_t kChunk = 2ull << 20;
 
 // A cached large block serves a request if it wastes little: at most a
@@ -228,21 +229,30 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
   Block* b = cache_.take_large(cap, slack(cap, granule_), stream, *streams_);
   if (!b && splits())
     if (void* p = malloc_part(size, stream)) return p;
-  bool pressed = false;
+  // A larger cached block taken here is split (splits()): its room beyond
+  // this allocation serves the next ones of its stream, rather than each
+  // releasing a cached block and making a new one (five VMM calls, tens of
+  // microseconds each on hardware; docs/gpu.md run 6).
+  bool split = false;
   if (!b) {
     const bool budgeted = budget_.gpu() != 0;
-    pressed = budgeted && !plan_.active() && (splits() || (excess(cap) > 0 && !dev_.has(cap)));
+    const bool pressed = budgeted && !plan_.active() && excess(cap) > 0 && !dev_.has(cap);
     if (pressed || !budgeted)
       b = cache_.take_large(cap, wider_slack(cap, pressed), stream, *streams_);
+    split = pressed;
+    // With room under the budget, only a block up to kSplitRatio times the
+    // request: a small allocation that lives long would pin a much larger
+    // one, which could then only be evicted whole (its host memory sized by
+    // its capacity) where it would have been reused or released whole.
+    if (!b && budgeted && !plan_.active() && splits()) {
+      b = cache_.take_large(cap, (kSplitRatio - 1) * cap, stream, *streams_);
+      split = b != nullptr;
+    }
   }
   if (b) {
     ++s_.cache_hits;
-    // Taken under pressure from a larger block: its room beyond this
-    // allocation serves the next ones of its stream, rather than each
-    // releasing a cached block and making a new one (five VMM calls, tens
-    // of microseconds each on hardware; docs/gpu.md run 6).
     const size_t used = round_up(size, kSmallAlign);
-    if (pressed && splits() && b->cap - used >= o_.min_block) {
+    if (split && splits() && b->cap - used >= o_.min_block) {
       note_live(b, size, stream);
       b->parts[b->ptr] = size;
       b->spare.give(b->ptr + used, b->cap - used);
@@ -270,13 +280,15 @@ void* Allocator::malloc_part(size_t size, CUstream stream) {
   if (p != b->ptr) table_.add_part(p, b);
   b->size = std::max(b->size, p + size - b->ptr);
   b->last_use = ++tick_;
+  // The range is new to this allocation: its first writer may be work not
+  // yet seen, so a copy waits for the stream's tail until a mark follows it.
+  if (!b->marks.empty()) streams_->clear_mark(*b, stream);
   live_ += size;
   step_peak_ = std::max(step_peak_, live_.value);
   ++s_.mallocs;
   ++s_.cache_hits;
   ++s_.split_allocations;
-  step_allocated_ += round_up(size, granule_);
-  if (plan_.active()) check_plan_still_fits();
+  // Not in step_allocated_: a step plan's model counts the block once.
   return reinterpret_cast<void*>(p);
 }
 
@@ -292,7 +304,6 @@ bool Allocator::free_part(Block* b, uintptr_t p, size_t size) {
   }
   live_ -= size;
   ++s_.frees;
-  b->last_use = ++tick_;
   // Only its own stream has used the block since it was last free: stream
   // order keeps the range's next owner behind this free's work (contract
   // 3). A range another stream may still be using stays out until the
@@ -517,9 +528,9 @@ size_t Allocator::finish_eviction(Block* b, bool copied) {
   if (backing_->finish_evict(b, copied)) {
     freed = b->cap;
     ++s_.blocks_evicted;
-    s_.bytes_evicted += b->size;
+    s_.bytes_evicted += moved_bytes(*b);
     if (o_.observer)
-      o_.observer->on_transfer({true, b->cause, o_.device, b->ptr, b->size, streams_->d2h(),
+      o_.observer->on_transfer({true, b->cause, o_.device, b->ptr, moved_bytes(*b), streams_->d2h(),
                                 b->queued_ns, monotonic_ns()});
   } else if (b->cancel) {
     ++s_.evictions_cancelled;
@@ -679,12 +690,12 @@ CUresult Allocator::prefetch_block(Block* b) {
   if (started != Backing::Start::kStarted) return CUDA_ERROR_NOT_SUPPORTED;
   arriving_.push_back(b->ptr);
   ++s_.blocks_restored;
-  s_.bytes_restored += b->size;
+  s_.bytes_restored += moved_bytes(*b);
   note_resident();
   // done_ns: when it was queued; its activity record gives the copy's span.
   if (o_.observer)
-    o_.observer->on_transfer(
-        {false, Cause::kPrefetch, o_.device, b->ptr, b->size, streams_->h2d(), queued, queued});
+    o_.observer->on_transfer({false, Cause::kPrefetch, o_.device, b->ptr, moved_bytes(*b),
+                              streams_->h2d(), queued, queued});
   return CUDA_SUCCESS;
 }
 
@@ -949,10 +960,10 @@ CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consume
   // (managed; nothing waits for that on the host).
   b->where = Block::Where::kDevice;
   ++s_.blocks_restored;
-  s_.bytes_restored += b->size;
+  s_.bytes_restored += moved_bytes(*b);
   if (o_.observer)
-    o_.observer->on_transfer(
-        {false, cause, o_.device, b->ptr, b->size, streams_->h2d(), queued, monotonic_ns()});
+    o_.observer->on_transfer({false, cause, o_.device, b->ptr, moved_bytes(*b), streams_->h2d(),
+                              queued, monotonic_ns()});
   return CUDA_SUCCESS;
 }
 

@@ -162,6 +162,13 @@ class Allocator final : public AccessSink, private DeviceRoom {
   bool splits() const { return o_.evict && !o_.managed; }
   void* malloc_part(size_t size, CUstream stream);
   bool free_part(Block* b, uintptr_t p, size_t size);
+  // The bytes a move of `b` copies: its allocations' alone if split.
+  static uint64_t moved_bytes(const Block& b) {
+    if (b.parts.empty()) return b.size;
+    uint64_t n = 0;
+    for (const auto& [p, size] : b.parts) n += size;
+    return n;
+  }
   void note_live(Block* b, size_t size, CUstream stream);
   void note_user(Block* b, CUstream stream);
   // A use of a live large block by `consumer` (null: a hold): cancels its

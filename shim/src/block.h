@@ -37,7 +37,7 @@ struct Block {
   };
   uintptr_t ptr = 0;
   // Requested bytes while live; of a split block, from ptr to the end of its
-  // last allocation (what an eviction copies).
+  // last allocation (its allocations' ranges within are what a move copies).
   size_t size = 0;
   size_t cap = 0;               // bytes behind it: a granule multiple for large blocks
   CUstream stream = nullptr;    // the allocation stream: its free list on reuse

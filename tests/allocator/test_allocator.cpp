@@ -721,6 +721,27 @@ TEST_F(AllocatorTest, ALargerCachedBlockIsSplitBetweenAllocationsOfItsStream) {
   EXPECT_EQ(0u, a->stats().bad_frees);
 }
 
+// With room under the budget a much larger cached block is not split for a
+// small request (more than eight times it): an allocation that lives long
+// (optimizer state, say) would pin it, and it could then only be evicted
+// whole, its host memory sized by its capacity, where it is reused whole.
+TEST_F(AllocatorTest, ASmallAllocationDoesNotPinAMuchLargerCachedBlock) {
+  auto a = make(256 * MiB, /*host_budget=*/16 * MiB);
+  ASSERT_NE(nullptr, a);
+  void* big = cached_block(*a, 64 * MiB);
+  ASSERT_NE(nullptr, big);
+  void* small = a->malloc(2 * MiB, nullptr);
+  ASSERT_NE(nullptr, small);
+  EXPECT_NE(big, small);
+  void* again = a->malloc(64 * MiB, nullptr);
+  EXPECT_EQ(big, again);
+  EXPECT_EQ(0u, a->stats().split_allocations);
+  EXPECT_EQ(0u, a->stats().blocks_evicted);
+  EXPECT_EQ(0u, a->stats().ooms);
+  a->free(again, 64 * MiB, nullptr);
+  a->free(small, 2 * MiB, nullptr);
+}
+
 // A split block moves as one: evicting it keeps every allocation's bytes,
 // each of them reads as on the host, and a use of any brings all back. Its
 // allocations are freed one by one, evicted or not; the last one's free
@@ -792,6 +813,8 @@ TEST_F(AllocatorTest, ASplitBlocksMoveCopiesItsLiveAllocationsAlone) {
   simcuda_get_memory_stats(0, &after);
   EXPECT_EQ(16 * MiB, after.bytes_d2h - before.bytes_d2h);
   EXPECT_EQ(16 * MiB, after.bytes_h2d - before.bytes_h2d);
+  EXPECT_EQ(16 * MiB, a->stats().bytes_evicted);  // what moved, not its extent
+  EXPECT_EQ(16 * MiB, a->stats().bytes_restored);
   check(c, 12 * MiB, 51, nullptr);
   check(d, 4 * MiB, 52, nullptr);
   EXPECT_EQ(0u, mismatches());
