@@ -822,6 +822,40 @@ TEST_F(AllocatorTest, ASplitBlocksMoveCopiesItsLiveAllocationsAlone) {
   a->free(d, 4 * MiB, nullptr);
 }
 
+// A split block on its way back (a prefetch's copy in flight, kArriving):
+// its spare room is not handed out, an allocation freed meanwhile leaves the
+// others whole, and the swap brings back every byte of those still live.
+TEST_F(AllocatorTest, ASplitBlockArrivingHandsOutNothingAndKeepsItsBytes) {
+  auto a = make(64 * MiB);
+  ASSERT_NE(nullptr, a);
+  void* big = cached_block(*a, 32 * MiB);
+  ASSERT_NE(nullptr, big);
+  void* b = a->malloc(10 * MiB, nullptr);
+  void* c = a->malloc(12 * MiB, nullptr);
+  ASSERT_TRUE(b && c);
+  fill(b, 10 * MiB, 61, nullptr);
+  fill(c, 12 * MiB, 62, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(a->evict(b));
+  queue_10ms(nullptr);  // the prefetch's copy stays in flight behind it
+  ASSERT_EQ(1u, prefetch(*a, c));
+  ASSERT_EQ(Allocator::Residency::kArriving, a->residency(b));
+  void* e = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, e);
+  const auto q = reinterpret_cast<uintptr_t>(e);
+  const auto lo = reinterpret_cast<uintptr_t>(big);
+  EXPECT_FALSE(q >= lo && q < lo + 32 * MiB) << "spare room handed out while arriving";
+  a->free(b, 10 * MiB, nullptr);
+  ASSERT_CU(a->restore(c, nullptr));
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(c));
+  check(c, 12 * MiB, 62, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(e, 4 * MiB, nullptr);
+  a->free(c, 12 * MiB, nullptr);
+  EXPECT_EQ(0u, a->stats().live_bytes);
+  EXPECT_EQ(0u, a->stats().bad_frees);
+}
+
 // Frees a split block refuses: its start once that allocation was freed
 // (the block is still live), a size other than the allocation's, an address
 // in its spare room.
@@ -1952,6 +1986,26 @@ TEST_F(ManagedTest, LargeBlocksAreManagedMemoryPlacedOnTheDeviceAndHoldTheirByte
   EXPECT_EQ(1u, st.device_creates);       // the chunk
   a->free(small, 4096, nullptr);
   a->free(large, 5 * MiB, nullptr);
+}
+
+// Managed blocks are never split (their pages migrate one by one; a split
+// block moves whole): a larger cached one serves as before, or a new one.
+TEST_F(ManagedTest, BlocksAreNotSplit) {
+  auto a = make(64 * MiB);
+  ASSERT_NE(nullptr, a);
+  void* big = cached_block(*a, 32 * MiB);
+  ASSERT_NE(nullptr, big);
+  void* b = a->malloc(10 * MiB, nullptr);
+  void* c = a->malloc(12 * MiB, nullptr);
+  ASSERT_TRUE(b && c);
+  EXPECT_EQ(0u, a->stats().split_allocations);
+  fill(b, 10 * MiB, 71, nullptr);
+  fill(c, 12 * MiB, 72, nullptr);
+  check(b, 10 * MiB, 71, nullptr);
+  check(c, 12 * MiB, 72, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(b, 10 * MiB, nullptr);
+  a->free(c, 12 * MiB, nullptr);
 }
 
 TEST_F(ManagedTest, LiveSetThreeTimesTheBudgetKeepsEveryByteWithinIt) {
