@@ -226,6 +226,7 @@ void* Allocator::malloc_small(size_t size, CUstream stream) {
 
 void* Allocator::malloc_large(size_t size, CUstream stream) {
   const size_t cap = round_up(size, granule_);
+  step_requested_ += cap;
   Block* b = cache_.take_large(cap, slack(cap, granule_), stream, *streams_);
   if (!b && splits())
     if (void* p = malloc_part(size, stream)) return p;
@@ -791,6 +792,9 @@ void Allocator::make_plan() {
   };
   const bool repeats =
       before > 0 && n > 0 && near(n, before, 100) && near(last_step_peak_, peak_before, 10);
+  // The same shapes too (what split blocks need to stay off): a step of
+  // other lengths may have the same launches and about the same peak.
+  steps_repeat_ = repeats && near(step_requested_, last_step_requested_, 100);
   ++plan_generation_;  // a plan still being made is for a step that has ended
   plan_job_.reset();
   if (!repeats || budget_.gpu() == 0 || !budget_.over_seen()) {
@@ -983,6 +987,7 @@ void Allocator::mark_step(uint64_t end) {
   chooser_->on_step(end);
   step_allocated_ = 0;
   if (o_.plan && schedule_) make_plan();
+  last_step_requested_ = std::exchange(step_requested_, 0);
 }
 
 void Allocator::notify_memory() {

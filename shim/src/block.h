@@ -71,7 +71,7 @@ struct Block {
   Cause cause = Cause::kBudget;  // kEvicting: why
   uint64_t queued_ns = 0;        // kEvicting: when the copy was queued
   std::vector<Event> pending;    // freed: events on `users` that must complete first
-  // A split block: a larger cached block taken under pressure serves several
+  // A split block: a larger cached block taken under a budget serves several
   // allocations of its stream (allocator.cpp, malloc_large), so that a
   // shorter step reuses a longer one's memory without driver calls. It still
   // moves as one. `parts`: each live allocation's address and requested

@@ -1193,6 +1193,40 @@ TEST_F(AllocatorTest, AStepPlanIsDroppedWhenTheStepAllocatesOtherwise) {
   f.free_all();
 }
 
+// While the steps repeat (the same launches, peak and shapes) and plans are
+// on, blocks are not split: a plan's model is of whole blocks, and parts
+// would make each step's blocks differ from the last (vit_b16's plans were
+// dropped at every step, simulated); repeating shapes reuse whole blocks
+// anyway. With plans off the same job splits.
+TEST_F(AllocatorTest, BlocksAreNotSplitWhileStepsRepeatUnderPlans) {
+  for (bool plan : {false, true}) {
+    SCOPED_TRACE(plan ? "plans on" : "plans off");
+    plan_ = plan;
+    auto a = make(64 * MiB);
+    ASSERT_NE(nullptr, a);
+    uint64_t seq = 0;
+    for (int step = 0; step < 3; ++step) {
+      void* x = a->malloc(8 * MiB, nullptr);
+      ASSERT_NE(nullptr, x);
+      const auto lo = reinterpret_cast<uintptr_t>(x);
+      const spillway::Touch th{lo, lo + 8 * MiB};
+      spillway::Access acc;
+      acc.seq = ++seq;
+      a->before_use(acc, &th, 1);
+      fill(x, 8 * MiB, 81, nullptr);
+      a->after_use(nullptr, &th, 1);
+      a->free(x, 8 * MiB, nullptr);
+      a->mark_step(seq);
+    }
+    // The steps' cached 8 MiB block is over an eighth larger than this.
+    void* y = a->malloc(4 * MiB, nullptr);
+    ASSERT_NE(nullptr, y);
+    EXPECT_EQ(plan ? 0u : 1u, a->stats().split_allocations);
+    a->free(y, 4 * MiB, nullptr);
+  }
+  EXPECT_EQ(0u, mismatches());
+}
+
 // With the background mover, the plan is made on its thread (the step mark
 // only queues the model) and installed under the lock once made; every byte
 // stays intact meanwhile. Real time: the test polls for the mover's round.
