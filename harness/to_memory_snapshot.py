@@ -488,6 +488,17 @@ def loads_checked(data: bytes) -> None:
         raise SnapshotError(f"not a pickle (damaged or cut short): {e}") from None
 
 
+def _slot(starts, size_of, addr, size):
+    """Where [addr, addr + size) goes among the sorted disjoint intervals
+    (`starts`, `size_of`), or None if it overlaps one."""
+    i = bisect.bisect_left(starts, addr)
+    if addr in size_of or (i > 0 and starts[i - 1] + size_of[starts[i - 1]] > addr):
+        return None
+    if i < len(starts) and addr + size > starts[i]:
+        return None
+    return i
+
+
 def _need(cond, message):
     if not cond:
         raise SnapshotError(message)
@@ -611,10 +622,8 @@ def _replay(snap) -> None:
                 _need(action == "free_completed" and addr == pending[0] and size == pending[1],
                       f"{where}: a free_requested is not followed by its free_completed")
             if action == "segment_alloc":
-                i = bisect.bisect_left(seg_starts, addr)
-                _need(addr not in seg_size and (i == 0 or seg_starts[i - 1] + seg_size[seg_starts[i - 1]] <= addr)
-                      and (i == len(seg_starts) or addr + size <= seg_starts[i]),
-                      f"{where}: overlaps a live segment")
+                i = _slot(seg_starts, seg_size, addr, size)
+                _need(i is not None, f"{where}: overlaps a live segment")
                 seg_starts.insert(i, addr)
                 seg_size[addr] = size
             elif action == "segment_free":
@@ -628,10 +637,8 @@ def _replay(snap) -> None:
                 i = bisect.bisect_right(seg_starts, addr) - 1
                 _need(i >= 0 and addr + size <= seg_starts[i] + seg_size[seg_starts[i]],
                       f"{where}: not inside a live segment")
-                j = bisect.bisect_left(blk_starts, addr)
-                _need(addr not in blk_size and (j == 0 or blk_starts[j - 1] + blk_size[blk_starts[j - 1]] <= addr)
-                      and (j == len(blk_starts) or addr + size <= blk_starts[j]),
-                      f"{where}: overlaps a live block")
+                j = _slot(blk_starts, blk_size, addr, size)
+                _need(j is not None, f"{where}: overlaps a live block")
                 blk_starts.insert(j, addr)
                 blk_size[addr] = size
                 restore_allocs += note.startswith("restored from host")

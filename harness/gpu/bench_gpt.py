@@ -70,11 +70,13 @@ def budget_label(entry):
 
 
 def parse_setting(text):
-    """A --set entry: SPILLWAY_NAME=value (the budget and mode are bench_gpt's own)."""
+    """A --set entry: a spillway variable and its value, e.g. SPILLWAY_PLAN=off (the budget and
+    mode are bench_gpt's own)."""
     name, eq, value = text.partition("=")
     if not eq or not name.startswith("SPILLWAY_") or name in ("SPILLWAY_GPU_BUDGET", "SPILLWAY_MODE"):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected SPILLWAY_NAME=VALUE, other than SPILLWAY_GPU_BUDGET and SPILLWAY_MODE")
+            f"{text!r}: expected a spillway variable=value (docs/config.md), such as "
+            "SPILLWAY_PLAN=off, other than SPILLWAY_GPU_BUDGET and SPILLWAY_MODE")
     return name, value
 
 
@@ -94,7 +96,7 @@ def parse_args(argv=None):
     p.add_argument("--lib", default=DEFAULT_LIB, help="libspillway.so (default: build/lib/ of this tree)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the median step time (default 2)")
     p.add_argument("--set", dest="settings", action="append", default=[], type=parse_setting,
-                   metavar="SPILLWAY_X=VALUE",
+                   metavar="VARIABLE=VALUE",
                    help="a spillway setting for every spillway run (repeatable), e.g. "
                         "SPILLWAY_HOST_RESERVE=100%%; the runs' environment is otherwise cleared of SPILLWAY_*")
     g = p.add_argument_group("model (harness/models/gpt_varlen.py)")

@@ -14,44 +14,32 @@ import os
 import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 import torch.utils.checkpoint
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-from gpt_varlen import Block  # noqa: E402
+import gpt_varlen  # noqa: E402
+from gpt_varlen import loss_fn  # noqa: E402
 
 
-class GPT(nn.Module):
+class GPT(gpt_varlen.GPT):
+    """gpt_varlen's model, its blocks run under checkpoint() when asked."""
+
     def __init__(self, vocab, d, layers, heads, max_len, dropout, checkpoint, reentrant):
-        super().__init__()
+        super().__init__(vocab, d, layers, heads, max_len, dropout)
         self.checkpoint = bool(checkpoint)
         self.reentrant = bool(reentrant)
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(max_len, d)
-        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        self.register_buffer("mask", torch.ones(max_len, max_len, dtype=torch.bool).triu(1),
-                             persistent=False)
 
     def forward(self, idx):
-        t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
+        if not self.checkpoint:
+            return super().forward(idx)
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for blk in self.blocks:
-            if self.checkpoint:
-                x = torch.utils.checkpoint.checkpoint(
-                    functools.partial(blk, mask=self.mask), x, use_reentrant=self.reentrant)
-            else:
-                x = blk(x, self.mask)
+            x = torch.utils.checkpoint.checkpoint(
+                functools.partial(blk, mask=self.mask), x, use_reentrant=self.reentrant)
         return self.head(self.ln(x))
-
-
-def loss_fn(logits, target):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
 def build(steps=3, batch=4, seq=256, vocab=2048, d=256, layers=4, heads=4, dropout=0.1,

@@ -240,7 +240,7 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
     const bool pressed = budgeted && !plan_.active() && excess(cap) > 0 && !dev_.has(cap);
     if (pressed || !budgeted)
       b = cache_.take_large(cap, wider_slack(cap, pressed), stream, *streams_);
-    split = pressed;
+    split = b && pressed && splits();  // a block taken, not made
     // With room under the budget, only a block up to kSplitRatio times the
     // request: a small allocation that lives long would pin a much larger
     // one, which could then only be evicted whole (its host memory sized by
@@ -252,16 +252,6 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
   }
   if (b) {
     ++s_.cache_hits;
-    const size_t used = round_up(size, kSmallAlign);
-    if (split && splits() && b->cap - used >= o_.min_block) {
-      note_live(b, size, stream);
-      b->parts[b->ptr] = size;
-      b->spare.give(b->ptr + used, b->cap - used);
-      cache_.add_split(b);
-      ++s_.split_allocations;
-      step_allocated_ += round_up(size, granule_);
-      return reinterpret_cast<void*>(b->ptr);
-    }
   } else {
     if (!ensure_context()) return nullptr;
     b = backing_->create(cap, stream);
@@ -269,6 +259,13 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
   }
   note_live(b, size, stream);
   step_allocated_ += round_up(size, granule_);
+  const size_t used = round_up(size, kSmallAlign);
+  if (split && b->cap - used >= o_.min_block) {
+    b->parts[b->ptr] = size;
+    b->spare.give(b->ptr + used, b->cap - used);
+    cache_.add_split(b);
+    ++s_.split_allocations;
+  }
   if (plan_.active()) check_plan_still_fits();
   return reinterpret_cast<void*>(b->ptr);
 }
@@ -310,9 +307,9 @@ bool Allocator::free_part(Block* b, uintptr_t p, size_t size) {
   // 3). A range another stream may still be using stays out until the
   // whole block is freed.
   if (b->users.empty()) b->spare.give(p, round_up(size, kSmallAlign));
-  size_t end = 0;
-  for (const auto& [q, n] : b->parts) end = std::max(end, q + n - b->ptr);
-  b->size = end;
+  // Parts never overlap: the last by address ends last.
+  const auto& [last, n] = *b->parts.rbegin();
+  b->size = last + n - b->ptr;
   return true;
 }
 

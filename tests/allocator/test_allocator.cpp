@@ -139,6 +139,20 @@ class AllocatorTest : public ::testing::Test {
     void* params[] = {&a.p, &a.bytes, &a.seed};
     ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
   }
+  // A 32 MiB block cached under a 64 MiB budget, then `first` and `second`
+  // bytes allocated on the null stream: split from it where the allocator
+  // splits.
+  struct TwoInOne {
+    std::unique_ptr<Allocator> a;
+    void *big = nullptr, *b = nullptr, *c = nullptr;
+  };
+  TwoInOne two_in_one(size_t first = 10 * MiB, size_t second = 12 * MiB) {
+    TwoInOne t{make(64 * MiB)};
+    if (!t.a || !(t.big = cached_block(*t.a, 32 * MiB))) return t;
+    t.b = t.a->malloc(first, nullptr);
+    t.c = t.a->malloc(second, nullptr);
+    return t;
+  }
   // A block of `n` bytes made and freed: cached, for the next requests.
   static void* cached_block(Allocator& a, size_t n) {
     void* p = a.malloc(n, nullptr);
@@ -747,13 +761,8 @@ TEST_F(AllocatorTest, ASmallAllocationDoesNotPinAMuchLargerCachedBlock) {
 // allocations are freed one by one, evicted or not; the last one's free
 // gives its host memory back.
 TEST_F(AllocatorTest, ASplitBlockMovesAsOneAndKeepsEveryPartsBytes) {
-  auto a = make(64 * MiB);
-  ASSERT_NE(nullptr, a);
-  void* big = cached_block(*a, 32 * MiB);
-  ASSERT_NE(nullptr, big);
-  void* b = a->malloc(10 * MiB, nullptr);
-  void* c = a->malloc(12 * MiB, nullptr);
-  ASSERT_TRUE(b && c);
+  auto [a, big, b, c] = two_in_one();
+  ASSERT_TRUE(a && big && b && c);
   fill(b, 10 * MiB, 21, nullptr);
   fill(c, 12 * MiB, 22, nullptr);
   ASSERT_CU(cuCtxSynchronize());
@@ -794,14 +803,10 @@ TEST_F(AllocatorTest, ASplitBlockMovesAsOneAndKeepsEveryPartsBytes) {
 // freed ones left are dead (vit_b16 at 40% moved a third more bytes, and its
 // last step took a third longer, when they were copied; simulated).
 TEST_F(AllocatorTest, ASplitBlocksMoveCopiesItsLiveAllocationsAlone) {
-  auto a = make(64 * MiB);
-  ASSERT_NE(nullptr, a);
-  void* big = cached_block(*a, 32 * MiB);
-  ASSERT_NE(nullptr, big);
-  void* b = a->malloc(10 * MiB, nullptr);
-  void* c = a->malloc(12 * MiB, nullptr);
+  auto [a, big, b, c] = two_in_one();
+  ASSERT_TRUE(a && big && b && c);
   void* d = a->malloc(4 * MiB, nullptr);
-  ASSERT_TRUE(b && c && d);
+  ASSERT_NE(nullptr, d);
   fill(c, 12 * MiB, 51, nullptr);
   fill(d, 4 * MiB, 52, nullptr);
   a->free(b, 10 * MiB, nullptr);
@@ -826,13 +831,8 @@ TEST_F(AllocatorTest, ASplitBlocksMoveCopiesItsLiveAllocationsAlone) {
 // its spare room is not handed out, an allocation freed meanwhile leaves the
 // others whole, and the swap brings back every byte of those still live.
 TEST_F(AllocatorTest, ASplitBlockArrivingHandsOutNothingAndKeepsItsBytes) {
-  auto a = make(64 * MiB);
-  ASSERT_NE(nullptr, a);
-  void* big = cached_block(*a, 32 * MiB);
-  ASSERT_NE(nullptr, big);
-  void* b = a->malloc(10 * MiB, nullptr);
-  void* c = a->malloc(12 * MiB, nullptr);
-  ASSERT_TRUE(b && c);
+  auto [a, big, b, c] = two_in_one();
+  ASSERT_TRUE(a && big && b && c);
   fill(b, 10 * MiB, 61, nullptr);
   fill(c, 12 * MiB, 62, nullptr);
   ASSERT_CU(cuCtxSynchronize());
@@ -860,12 +860,8 @@ TEST_F(AllocatorTest, ASplitBlockArrivingHandsOutNothingAndKeepsItsBytes) {
 // (the block is still live), a size other than the allocation's, an address
 // in its spare room.
 TEST_F(AllocatorTest, ASplitBlocksBadFreesAreRefusedAndLoseNothing) {
-  auto a = make(64 * MiB);
-  ASSERT_NE(nullptr, a);
-  void* big = cached_block(*a, 32 * MiB);
-  ASSERT_NE(nullptr, big);
-  void* b = a->malloc(10 * MiB, nullptr);
-  void* c = a->malloc(12 * MiB, nullptr);
+  auto [a, big, b, c] = two_in_one();
+  ASSERT_TRUE(a && big && b && c);
   ASSERT_EQ(big, b);
   fill(c, 12 * MiB, 31, nullptr);
   a->free(b, 10 * MiB, nullptr);
@@ -888,13 +884,8 @@ TEST_F(AllocatorTest, ASplitBlocksBadFreesAreRefusedAndLoseNothing) {
 TEST_F(AllocatorTest, ASplitBlocksRangeAnotherStreamUsedIsNotReusedEarly) {
   CUstream other = nullptr;
   ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  auto a = make(64 * MiB);
-  ASSERT_NE(nullptr, a);
-  void* big = cached_block(*a, 32 * MiB);
-  ASSERT_NE(nullptr, big);
-  void* b = a->malloc(10 * MiB, nullptr);
-  void* c = a->malloc(20 * MiB, nullptr);
-  ASSERT_TRUE(b && c);
+  auto [a, big, b, c] = two_in_one(10 * MiB, 20 * MiB);
+  ASSERT_TRUE(a && big && b && c);
   a->note_use(c, other);
   queue_10ms(other);
   fill(c, 20 * MiB, 41, other);
@@ -2025,13 +2016,8 @@ TEST_F(ManagedTest, LargeBlocksAreManagedMemoryPlacedOnTheDeviceAndHoldTheirByte
 // Managed blocks are never split (their pages migrate one by one; a split
 // block moves whole): a larger cached one serves as before, or a new one.
 TEST_F(ManagedTest, BlocksAreNotSplit) {
-  auto a = make(64 * MiB);
-  ASSERT_NE(nullptr, a);
-  void* big = cached_block(*a, 32 * MiB);
-  ASSERT_NE(nullptr, big);
-  void* b = a->malloc(10 * MiB, nullptr);
-  void* c = a->malloc(12 * MiB, nullptr);
-  ASSERT_TRUE(b && c);
+  auto [a, big, b, c] = two_in_one();
+  ASSERT_TRUE(a && big && b && c);
   EXPECT_EQ(0u, a->stats().split_allocations);
   fill(b, 10 * MiB, 71, nullptr);
   fill(c, 12 * MiB, 72, nullptr);
