@@ -16,7 +16,6 @@ size_t round_up(size_t v, size_t a) {
 
 // Small blocks are 512-byte aligned, like PyTorch's, in chunks of 2 MiB.
 constexpr size_t kSmallAlign = 512;
-constexpr size_t kSplitRatio = 8;
 constexpr size_t kChunk = 2ull << 20;
 
 // A cached large block serves a request if it wastes little: at most a
@@ -234,21 +233,21 @@ void* Allocator::malloc_large(size_t size, CUstream stream) {
   // this allocation serves the next ones of its stream, rather than each
   // releasing a cached block and making a new one (five VMM calls, tens of
   // microseconds each on hardware; docs/gpu.md run 6).
+  //
+  // Any larger one, however much larger: a small allocation that lives long
+  // in it (optimizer state, say) pins it on the device, but its eviction
+  // copies, and holds host memory for, the live allocations alone
+  // (host_backing.cpp), so it costs no more than a block of its own would.
+  // A limit of 8x the request cost 1-6% of the median step and twice the
+  // bytes moved on an H200 (docs/gpu.md, run 10 against run 9).
   bool split = false;
   if (!b) {
     const bool budgeted = budget_.gpu() != 0;
     const bool pressed = budgeted && !plan_.active() && excess(cap) > 0 && !dev_.has(cap);
-    if (pressed || !budgeted)
-      b = cache_.take_large(cap, wider_slack(cap, pressed), stream, *streams_);
-    split = b && pressed && splits();  // a block taken, not made
-    // With room under the budget, only a block up to kSplitRatio times the
-    // request: a small allocation that lives long would pin a much larger
-    // one, which could then only be evicted whole (its host memory sized by
-    // its capacity) where it would have been reused or released whole.
-    if (!b && budgeted && !plan_.active() && splits()) {
-      b = cache_.take_large(cap, (kSplitRatio - 1) * cap, stream, *streams_);
-      split = b != nullptr;
-    }
+    const bool splitting = budgeted && !plan_.active() && splits();
+    if (pressed || splitting || !budgeted)
+      b = cache_.take_large(cap, wider_slack(cap, pressed || splitting), stream, *streams_);
+    split = b && splitting;  // a block taken, not made
   }
   if (b) {
     ++s_.cache_hits;

@@ -54,13 +54,15 @@ struct Block {
   Where where = Where::kDevice;
   bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
   // Host backing: the device handle behind it; its host memory, pieces
-  // mapped one after another from `ptr` while evicted (host_backing.cpp),
+  // mapped over the ranges of live allocations while evicted
+  // (host_backing.cpp),
   // each with its staging address (vmm.h: mapped for as long as the handle
   // is held, the eviction copy's destination); and kArriving: the device
   // copy's staging mapping.
   struct HostPiece {
     CUmemGenericAllocationHandle h = 0;
     uintptr_t va = 0;  // its staging address
+    size_t off = 0;    // where it is mapped in the block's range while evicted
     size_t size = 0;
   };
   CUmemGenericAllocationHandle dev = 0;

@@ -10,6 +10,7 @@
 // each block's exact size made every eviction of a new size pay that on the
 // evicting thread.
 #include <algorithm>
+#include <unordered_map>
 
 #include "backing.h"
 #include "log.h"
@@ -36,11 +37,41 @@ CUmemAllocationProp host_prop(const cu::Driver& d, int device) {
 // The host pieces' sizes (a granule multiple, as every block's cap).
 constexpr size_t kPiece = 64ull << 20;
 
-// The piece sizes a block of `cap` bytes is made of, in address order:
-// whole pieces, then the rest.
+// The ranges of a block that hold live bytes, granule-aligned, in address
+// order, as `f(offset, bytes)`: of a block of one, its bytes from its start;
+// of a split block, its allocations' (neighbours merged). Only these get
+// host memory when it is evicted: a block taken for a smaller request, or a
+// split block with one small allocation left, would otherwise cost host
+// memory (created at 3.2 GB/s on an H200) for its whole capacity.
 template <class F>
-void for_each_piece_size(size_t cap, F&& f) {
-  for (size_t off = 0; off < cap; off += kPiece) f(std::min(kPiece, cap - off));
+void for_each_kept(const Block* b, size_t granule, F&& f) {
+  auto down = [&](size_t v) { return v / granule * granule; };
+  auto up = [&](size_t v) { return (v + granule - 1) / granule * granule; };
+  if (b->parts.empty()) {
+    if (const size_t n = std::min(up(b->size), b->cap)) f(size_t{0}, n);
+    return;
+  }
+  size_t lo = 0, hi = 0;
+  for (const auto& [p, n] : b->parts) {
+    const size_t from = down(p - b->ptr), to = std::min(up(p - b->ptr + n), b->cap);
+    if (hi > lo && from > hi) {
+      f(lo, hi - lo);
+      lo = from;
+    } else if (hi == lo) {
+      lo = from;
+    }
+    hi = std::max(hi, to);
+  }
+  if (hi > lo) f(lo, hi - lo);
+}
+
+// The host pieces of a block, in address order, as `f(offset, bytes)`: each
+// kept range cut into whole pieces, then its rest.
+template <class F>
+void for_each_piece(const Block* b, size_t granule, F&& f) {
+  for_each_kept(b, granule, [&](size_t lo, size_t n) {
+    for (size_t off = 0; off < n; off += kPiece) f(lo + off, std::min(kPiece, n - off));
+  });
 }
 
 class HostBacking final : public Backing {
@@ -75,10 +106,10 @@ class HostBacking final : public Backing {
   Start start_evict(Block* b, uint64_t host_budget, bool* failed) override {
     // Host memory counts against its budget whether in use or pooled.
     if (host_budget) {
-      size_t added = bytes_to_create(b->cap);
+      size_t added = bytes_to_create(b);
       if (added && host_.held() + added > host_budget) {
         host_.trim(host_.held() + added - host_budget);
-        added = bytes_to_create(b->cap);  // the trim may have taken pieces counted on
+        added = bytes_to_create(b);  // the trim may have taken pieces counted on
       }
       if (added && host_.held() + added > host_budget) {
         log::warn_repeated(host_full_,
@@ -89,15 +120,18 @@ class HostBacking final : public Backing {
       }
     }
     CUresult r = CUDA_SUCCESS;
-    for_each_piece_size(b->cap, [&](size_t size) {
-      Block::HostPiece piece{0, 0, size};
-      if (r == CUDA_SUCCESS && (r = host_.take(size, &piece.h, &piece.va)) == CUDA_SUCCESS)
+    size_t kept = 0;
+    for_each_piece(b, granule(), [&](size_t off, size_t size) {
+      Block::HostPiece piece{0, 0, off, size};
+      if (r == CUDA_SUCCESS && (r = host_.take(size, &piece.h, &piece.va)) == CUDA_SUCCESS) {
         b->host.push_back(piece);
+        kept += size;
+      }
     });
     if (r != CUDA_SUCCESS) {
       give_host(b);
       log::warn_repeated(host_unavailable_, "host memory for eviction ({}) unavailable: {}",
-                         format_bytes(b->cap), cu::describe(p_.d, r));
+                         format_bytes(kept), cu::describe(p_.d, r));
       *failed = true;
       return Start::kStop;
     }
@@ -341,51 +375,48 @@ class HostBacking final : public Backing {
     b->host.clear();
   }
 
-  // Host bytes an eviction of `cap` bytes would create: the pieces the pool
-  // does not hold.
-  size_t bytes_to_create(size_t cap) const {
-    size_t whole = 0, tail = 0;
-    for_each_piece_size(cap, [&](size_t size) { size == kPiece ? ++whole : tail = size; });
-    size_t n = whole > host_.count(kPiece) ? (whole - host_.count(kPiece)) * kPiece : 0;
-    if (tail && !host_.has(tail)) n += tail;
+  size_t granule() const { return p_.arena.granule(); }
+
+  // Host bytes evicting `b` would create: the pieces the pool does not hold.
+  size_t bytes_to_create(const Block* b) const {
+    std::unordered_map<size_t, size_t> wanted;  // pieces by size
+    for_each_piece(b, granule(), [&](size_t, size_t size) { ++wanted[size]; });
+    size_t n = 0;
+    for (const auto& [size, count] : wanted)
+      if (count > host_.count(size)) n += (count - host_.count(size)) * size;
     return n;
   }
 
-  // The host pieces mapped one after another at the block's address, read
-  // and write for the device; all or none.
+  // The host pieces mapped at their offsets in the block's range, read and
+  // write for the device; all or none. The rest of the range stays unmapped
+  // while the block is away: no live allocation is there (its spare room is
+  // handed out only while the block is on the device).
   bool map_host(Block* b) {
-    size_t off = 0;
-    for (const Block::HostPiece& piece : b->host) {
-      if (map_rw(p_.d, b->ptr + off, piece.size, piece.h, p_.device) != CUDA_SUCCESS) {
-        unmap_first(b, off);
+    for (size_t i = 0; i < b->host.size(); ++i) {
+      const Block::HostPiece& piece = b->host[i];
+      if (map_rw(p_.d, b->ptr + piece.off, piece.size, piece.h, p_.device) != CUDA_SUCCESS) {
+        unmap_first(b, i);
         return false;
       }
-      off += piece.size;
     }
     return true;
   }
 
-  // Unmaps the pieces mapped at the block's first `bytes`. All or none: on
-  // a failure those already unmapped are mapped again, so that the block
-  // stays whole on the host.
-  bool unmap_first(Block* b, size_t bytes) {
-    size_t off = 0;
-    for (const Block::HostPiece& piece : b->host) {
-      if (off >= bytes) break;
-      if (CU_CALL(p_.d, cuMemUnmap, b->ptr + off, piece.size) != CUDA_SUCCESS) {
-        size_t back = 0;
-        for (const Block::HostPiece& q : b->host) {
-          if (back >= off) break;
-          map_rw(p_.d, b->ptr + back, q.size, q.h, p_.device);
-          back += q.size;
-        }
+  // Unmaps the block's first `count` host pieces. All or none: on a failure
+  // those already unmapped are mapped again, so that the block stays whole
+  // on the host.
+  bool unmap_first(Block* b, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      const Block::HostPiece& piece = b->host[i];
+      if (CU_CALL(p_.d, cuMemUnmap, b->ptr + piece.off, piece.size) != CUDA_SUCCESS) {
+        for (size_t j = 0; j < i; ++j)
+          map_rw(p_.d, b->ptr + b->host[j].off, b->host[j].size, b->host[j].h, p_.device);
         return false;
       }
-      off += piece.size;
     }
     return true;
   }
-  bool unmap_host(Block* b) { return unmap_first(b, b->cap); }
+  bool unmap_host(Block* b) { return unmap_first(b, b->host.size()); }
 
   // The block's bytes, read through its host mapping piece by piece (a copy
   // stays within one mapping), into `dst` on `stream`.
@@ -397,18 +428,18 @@ class HostBacking final : public Backing {
 
   // The copies that move a block: its bytes from its start to `size`, or of
   // a split block its allocations' ranges alone (what its spare room holds is
-  // dead), each cut at the host pieces' bounds. `copy(piece, offset in the
-  // piece, offset in the block, bytes)`; stops at the first failure.
+  // dead), each cut at the host pieces' bounds (the pieces cover them all:
+  // for_each_kept). `copy(piece, offset in the piece, offset in the block,
+  // bytes)`; stops at the first failure.
   template <class Copy>
   CUresult for_each_copy(const Block* b, Copy&& copy) {
     auto range = [&](size_t lo, size_t hi) {
-      size_t at = 0;
       for (const Block::HostPiece& piece : b->host) {
-        const size_t from = std::max(lo, at), to = std::min(hi, at + piece.size);
+        const size_t from = std::max(lo, piece.off), to = std::min(hi, piece.off + piece.size);
         if (from < to)
-          if (CUresult r = copy(piece, from - at, from, to - from); r != CUDA_SUCCESS) return r;
-        at += piece.size;
-        if (at >= hi) break;
+          if (CUresult r = copy(piece, from - piece.off, from, to - from); r != CUDA_SUCCESS)
+            return r;
+        if (piece.off + piece.size >= hi) break;
       }
       return CUDA_SUCCESS;
     };

@@ -53,6 +53,7 @@ class VaArena {
   uintptr_t take(size_t size) { return free_.take(size); }
   void give(uintptr_t ptr, size_t size) { free_.give(ptr, size); }
   bool contains(uintptr_t p) const { return p - base_ < size_; }
+  size_t granule() const { return granule_; }
   uintptr_t base() const { return base_; }
   size_t size() const { return size_; }
 

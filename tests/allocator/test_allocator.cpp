@@ -735,25 +735,50 @@ TEST_F(AllocatorTest, ALargerCachedBlockIsSplitBetweenAllocationsOfItsStream) {
   EXPECT_EQ(0u, a->stats().bad_frees);
 }
 
-// With room under the budget a much larger cached block is not split for a
-// small request (more than eight times it): an allocation that lives long
-// (optimizer state, say) would pin it, and it could then only be evicted
-// whole, its host memory sized by its capacity, where it is reused whole.
-TEST_F(AllocatorTest, ASmallAllocationDoesNotPinAMuchLargerCachedBlock) {
+// A small allocation split from a much larger cached block costs, when the
+// block is evicted, a copy and host memory for its own granules alone (the
+// rest of the block's range is unmapped while it is away), so it may take
+// any larger block. The whole block would not fit the 16 MiB host budget.
+TEST_F(AllocatorTest, AnEvictedSplitBlockHoldsHostMemoryForItsLiveAllocationsAlone) {
   auto a = make(256 * MiB, /*host_budget=*/16 * MiB);
   ASSERT_NE(nullptr, a);
   void* big = cached_block(*a, 64 * MiB);
   ASSERT_NE(nullptr, big);
-  void* small = a->malloc(2 * MiB, nullptr);
-  ASSERT_NE(nullptr, small);
-  EXPECT_NE(big, small);
-  void* again = a->malloc(64 * MiB, nullptr);
-  EXPECT_EQ(big, again);
-  EXPECT_EQ(0u, a->stats().split_allocations);
-  EXPECT_EQ(0u, a->stats().blocks_evicted);
+  void* small = a->malloc(3 * MiB, nullptr);
+  void* late = a->malloc(5 * MiB, nullptr);
+  ASSERT_TRUE(small && late);
+  EXPECT_EQ(big, small);
+  EXPECT_EQ(2u, a->stats().split_allocations);
+  fill(small, 3 * MiB, 71, nullptr);
+  fill(late, 5 * MiB, 72, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  simcuda_memory_stats before{}, after{};
+  simcuda_get_memory_stats(0, &before);
+  ASSERT_CU(a->evict(small));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(late));
+  // 3 and 5 MiB from the block's start: its first four granules of 2 MiB.
+  EXPECT_EQ(8 * MiB, a->stats().host_bytes);
+  ASSERT_CU(a->restore(late, nullptr));
+  simcuda_get_memory_stats(0, &after);
+  EXPECT_EQ(8 * MiB, after.bytes_d2h - before.bytes_d2h);
+  EXPECT_EQ(8 * MiB, after.bytes_h2d - before.bytes_h2d);
+  check(small, 3 * MiB, 71, nullptr);
+  check(late, 5 * MiB, 72, nullptr);
+  // Its first allocation freed: evicted again, the block holds host memory
+  // for the second one's granules alone.
+  a->free(small, 3 * MiB, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(a->evict(late));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(late));
+  // [3, 8) MiB: granules 1-3, 6 MiB beside the 8 MiB pooled since the restore.
+  EXPECT_EQ(14 * MiB, a->stats().host_bytes);
+  check(late, 5 * MiB, 72, nullptr);  // read through its host mapping
+  ASSERT_CU(a->restore(late, nullptr));
+  check(late, 5 * MiB, 72, nullptr);
+  EXPECT_EQ(0u, mismatches());
   EXPECT_EQ(0u, a->stats().ooms);
-  a->free(again, 64 * MiB, nullptr);
-  a->free(small, 2 * MiB, nullptr);
+  a->free(late, 5 * MiB, nullptr);
+  EXPECT_EQ(0u, a->stats().bad_frees);
 }
 
 // A split block moves as one: evicting it keeps every allocation's bytes,
