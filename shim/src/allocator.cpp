@@ -69,14 +69,15 @@ std::unique_ptr<Allocator> Allocator::create(const cu::Driver& d, const Allocato
   CUdevice dev = 0;
   d.cuDeviceGet(&dev, o.device);
   d.cuDeviceTotalMem(&total, dev);
-  // VA is cheap: room for the device's memory four times over, so evicted
-  // blocks (which keep their addresses) never exhaust it, and for twice the
-  // host memory spillway may hold: each host handle is also mapped at a
-  // staging address of its own (vmm.h). Where the process cannot have that
+  // VA is cheap: room for the device's memory five times over, so evicted
+  // blocks (which keep their addresses) never exhaust it and each device
+  // handle may also be mapped at a staging address of its own (vmm.h), and
+  // for twice the host memory spillway may hold: each host handle is staged
+  // too. Where the process cannot have that
   // much, less, down to the first part: host memory that then finds no
   // staging range is refused like any host memory (the block stays).
   const uint64_t host = o.host_budget ? o.host_budget : 4 * uint64_t{total};
-  const uint64_t floor = std::max<uint64_t>(4 * uint64_t{total}, 64ull << 30);
+  const uint64_t floor = std::max<uint64_t>(5 * uint64_t{total}, 64ull << 30);
   r = a->arena_.reserve(floor + 2 * host, floor);
   if (r != CUDA_SUCCESS) {
     *why = "cuMemAddressReserve failed: " + cu::describe(d, r);
@@ -117,7 +118,8 @@ Allocator::Allocator(const cu::Driver& d, const AllocatorOptions& o)
     : d_(d),
       o_(o),
       arena_(d, 2ull << 20),
-      dev_(d, device_prop(o.device)),
+      // Staged when a copy first needs it (vmm.h): restores and prefetches.
+      dev_(d, device_prop(o.device), &arena_, o.device),
       cache_(d, table_),
       budget_(o.gpu_budget, o.host_budget, 2ull << 20),
       chooser_(o.chooser ? o.chooser : std::make_shared<policy::ScheduleChooser>()),

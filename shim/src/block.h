@@ -31,8 +31,9 @@ struct Block {
     kDevice,    // device memory behind ptr
     kEvicting,  // device memory still behind ptr; a copy to the host in flight
     kHost,      // host memory behind ptr (mapped there, or managed pages on the host)
-    // host memory still behind ptr; a copy into device memory (mapped at
-    // `scratch`) in flight: the swap to it waits for the copy
+    // host memory still behind ptr; a copy into device memory (`dev`, at
+    // its staging address, vmm.h) in flight: the swap to it waits for the
+    // copy
     kArriving,
   };
   uintptr_t ptr = 0;
@@ -53,12 +54,11 @@ struct Block {
   bool live = false;
   Where where = Where::kDevice;
   bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
-  // Host backing: the device handle behind it; its host memory, pieces
-  // mapped over the ranges of live allocations while evicted
-  // (host_backing.cpp),
-  // each with its staging address (vmm.h: mapped for as long as the handle
-  // is held, the eviction copy's destination); and kArriving: the device
-  // copy's staging mapping.
+  // Host backing: the device handle behind it (kArriving: the device copy,
+  // written at its staging address); its host memory, pieces mapped over
+  // the ranges of live allocations while evicted (host_backing.cpp), each
+  // with its staging address (vmm.h: mapped for as long as the handle is
+  // held, the eviction copy's destination).
   struct HostPiece {
     CUmemGenericAllocationHandle h = 0;
     uintptr_t va = 0;  // its staging address
@@ -67,7 +67,6 @@ struct Block {
   };
   CUmemGenericAllocationHandle dev = 0;
   std::vector<HostPiece> host;
-  uintptr_t scratch = 0;
   uint64_t last_use = 0;
   uint32_t holds = 0;            // graphs, collectives, pins: not evicted while > 0
   Cause cause = Cause::kBudget;  // kEvicting: why

@@ -76,10 +76,15 @@ void for_each_piece(const Block* b, size_t granule, F&& f) {
 
 class HostBacking final : public Backing {
  public:
-  // Host handles are staged (vmm.h): an eviction's copy goes to the host
-  // handle's own mapping, so starting one maps nothing.
+  // Host handles are staged when created (vmm.h): an eviction's copy goes
+  // to the host handle's own mapping, so starting one maps nothing. Device
+  // handles are staged when a restore or prefetch first copies into one,
+  // and stay so while pooled: a restore then remaps the block's range alone
+  // (3 VMM calls, not 6) and a prefetch's start maps nothing.
   HostBacking(const BackingParts& p, bool evicts)
-      : p_(p), host_(p.d, host_prop(p.d, p.device), &p.arena, p.device), evicts_(evicts) {}
+      : p_(p),
+        host_(p.d, host_prop(p.d, p.device), &p.arena, p.device, /*stage_on_create=*/true),
+        evicts_(evicts) {}
 
   bool evicts() const override { return evicts_; }
 
@@ -193,26 +198,24 @@ class HostBacking final : public Backing {
     CUmemGenericAllocationHandle h = 0;
     CUresult r = p_.room.take_device(b->cap, &h, true);
     if (r != CUDA_SUCCESS) return r;
-    uintptr_t scratch = p_.arena.take(b->cap);
-    if (!scratch || (r = map_rw(p_.d, scratch, b->cap, h, p_.device)) != CUDA_SUCCESS) {
-      if (scratch) p_.arena.give(scratch, b->cap);
+    uintptr_t stage = 0;
+    if ((r = p_.dev.stage(h, b->cap, &stage)) != CUDA_SUCCESS) {
       p_.dev.give(h, b->cap);
-      return scratch ? r : CUDA_ERROR_OUT_OF_MEMORY;
+      return r;
     }
     // The host copy may have been written through its mapping by work queued
     // on any stream that uses the block: copy after all of it (its latest
-    // use seen on each stream, copy_streams.h). The swap of
-    // mappings below needs the copy done, so the host waits for it.
+    // use seen on each stream, copy_streams.h), into the device handle's
+    // staging mapping. The swap of mappings below needs the copy done, so
+    // the host waits for it.
     const CUstream h2d = p_.streams.h2d();
     if ((r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
-        (r = copy_from_host(b, scratch, h2d)) == CUDA_SUCCESS)
+        (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS)
       r = p_.streams.drain(h2d);
     else
       p_.streams.drain(h2d);  // pieces' copies queued before the failure end first
-    bool ok = r == CUDA_SUCCESS && CU_CALL(p_.d, cuMemUnmap, scratch, b->cap) == CUDA_SUCCESS;
-    bool unmapped = ok && unmap_host(b);
+    const bool unmapped = r == CUDA_SUCCESS && unmap_host(b);
     if (unmapped && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
-      p_.arena.give(scratch, b->cap);
       give_host(b);
       b->dev = h;
       b->where = Block::Where::kDevice;
@@ -220,8 +223,6 @@ class HostBacking final : public Backing {
     }
     // Roll back: the host copy stays mapped at the block's address.
     if (unmapped) map_host(b);
-    if (!ok) CU_CALL(p_.d, cuMemUnmap, scratch, b->cap);
-    p_.arena.give(scratch, b->cap);
     p_.dev.give(h, b->cap);
     log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
     return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
@@ -232,22 +233,18 @@ class HostBacking final : public Backing {
     // Room from pooled handles and cached blocks only: a prefetch never
     // evicts a live block.
     if (p_.room.take_device(b->cap, &h, false) != CUDA_SUCCESS) return Start::kStop;
-    uintptr_t stage = p_.arena.take(b->cap);
-    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t stage = 0;
     UseMark* m = nullptr;
     const CUstream h2d = p_.streams.h2d();
     // After every use of the host copy seen so far (its marks, or the tails
     // of streams without one), as a restore's copy.
-    const bool mapped = stage && (r = map_rw(p_.d, stage, b->cap, h, p_.device)) == CUDA_SUCCESS;
-    if (mapped && (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
+    CUresult r = p_.dev.stage(h, b->cap, &stage);
+    const bool staged = r == CUDA_SUCCESS;
+    if (staged && (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
         (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS && !(m = p_.streams.record_mark(h2d)))
       r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS) {
-      if (mapped) {
-        p_.streams.drain(h2d);  // a copy queued before the failure must end first
-        CU_CALL(p_.d, cuMemUnmap, stage, b->cap);
-      }
-      if (stage) p_.arena.give(stage, b->cap);
+      if (staged) p_.streams.drain(h2d);  // a copy queued before the failure must end first
       p_.dev.give(h, b->cap);
       log::warn("prefetch of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       return Start::kFailed;
@@ -256,7 +253,6 @@ class HostBacking final : public Backing {
     // waits for it like any other use (copy_streams.h).
     p_.streams.set_mark(*b, h2d, m);
     b->dev = h;
-    b->scratch = stage;
     b->where = Block::Where::kArriving;
     return Start::kStarted;
   }
@@ -273,12 +269,7 @@ class HostBacking final : public Backing {
     }
     // The copy is done, and no seen work used the host mapping since it
     // was queued (a seen use swaps first): the address can move to it.
-    bool unmapped = false;
-    if (CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS) {
-      p_.arena.give(b->scratch, b->cap);
-      b->scratch = 0;
-      unmapped = unmap_host(b);
-    }
+    const bool unmapped = unmap_host(b);
     if (unmapped && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS) {
       give_host(b);
       p_.streams.clear_mark(*b, p_.streams.h2d());
@@ -321,7 +312,6 @@ class HostBacking final : public Backing {
         unmap_host(b);
       else
         CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
-      if (b->scratch) CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap);
       if (b->dev) p_.dev.give(b->dev, b->cap);
       give_host(b);
     }
@@ -371,7 +361,7 @@ class HostBacking final : public Backing {
  private:
   // The host pieces back to their pool, their staging mappings kept.
   void give_host(Block* b) {
-    for (const Block::HostPiece& piece : b->host) host_.give(piece.h, piece.size, piece.va);
+    for (const Block::HostPiece& piece : b->host) host_.give(piece.h, piece.size);
     b->host.clear();
   }
 
@@ -459,12 +449,9 @@ class HostBacking final : public Backing {
     return hi > lo ? range(lo, hi) : CUDA_SUCCESS;
   }
 
-  // kArriving -> kHost, its copy done: the device copy and its staging
-  // mapping go back.
+  // kArriving -> kHost, its copy done: the device copy goes back to the
+  // pool (staged).
   void drop_device_copy(Block* b) {
-    if (b->scratch && CU_CALL(p_.d, cuMemUnmap, b->scratch, b->cap) == CUDA_SUCCESS)
-      p_.arena.give(b->scratch, b->cap);  // else its VA leaks, never aliased
-    b->scratch = 0;
     p_.dev.give(b->dev, b->cap);
     b->dev = 0;
     p_.streams.clear_mark(*b, p_.streams.h2d());

@@ -79,41 +79,54 @@ PhysPool::~PhysPool() {
 CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out, uintptr_t* va) {
   auto it = free_.find(size);
   if (it != free_.end() && !it->second.empty()) {
-    *out = it->second.back().h;
-    if (va) *va = it->second.back().va;
+    *out = it->second.back();
     it->second.pop_back();
     pooled_ -= size;
-    return CUDA_SUCCESS;
+  } else {
+    if (CUresult r = CU_CALL(d_, cuMemCreate, out, size, &prop_, 0); r != CUDA_SUCCESS) return r;
+    held_ += size;
+    ++creates_;
+    uintptr_t stage = 0;
+    if (stage_on_create_)
+      if (CUresult r = this->stage(*out, size, &stage); r != CUDA_SUCCESS) {
+        held_ -= size;
+        CU_CALL(d_, cuMemRelease, *out);
+        return r;
+      }
   }
-  CUresult r = CU_CALL(d_, cuMemCreate, out, size, &prop_, 0);
-  if (r != CUDA_SUCCESS) return r;
-  uintptr_t stage = 0;
-  if (stage_in_) {
-    stage = stage_in_->take(size);
-    r = stage ? map_rw(d_, stage, size, *out, device_) : CUDA_ERROR_OUT_OF_MEMORY;
-    if (r != CUDA_SUCCESS) {
-      if (stage) stage_in_->give(stage, size);
-      CU_CALL(d_, cuMemRelease, *out);
-      return r;
-    }
+  if (va) {
+    auto s = stage_of_.find(*out);
+    *va = s == stage_of_.end() ? 0 : s->second;
   }
-  if (va) *va = stage;
-  held_ += size;
-  ++creates_;
   return CUDA_SUCCESS;
 }
 
-void PhysPool::give(CUmemGenericAllocationHandle h, size_t size, uintptr_t va) {
-  free_[size].push_back({h, va});
-  pooled_ += size;
+CUresult PhysPool::stage(CUmemGenericAllocationHandle h, size_t size, uintptr_t* va) {
+  if (auto s = stage_of_.find(h); s != stage_of_.end()) {
+    *va = s->second;
+    return CUDA_SUCCESS;
+  }
+  const uintptr_t at = stage_in_ ? stage_in_->take(size) : 0;
+  if (!at) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (CUresult r = map_rw(d_, at, size, h, device_); r != CUDA_SUCCESS) {
+    stage_in_->give(at, size);
+    return r;
+  }
+  stage_of_[h] = at;
+  *va = at;
+  return CUDA_SUCCESS;
 }
 
-void PhysPool::release(const Pooled& p, size_t size) {
+bool PhysPool::release(CUmemGenericAllocationHandle h, size_t size) {
   // A staging mapping that cannot be undone keeps its handle (and VA): the
   // handle is not released under a live mapping.
-  if (p.va && CU_CALL(d_, cuMemUnmap, p.va, size) != CUDA_SUCCESS) return;
-  if (p.va) stage_in_->give(p.va, size);
-  CU_CALL(d_, cuMemRelease, p.h);
+  if (auto s = stage_of_.find(h); s != stage_of_.end()) {
+    if (CU_CALL(d_, cuMemUnmap, s->second, size) != CUDA_SUCCESS) return false;
+    stage_in_->give(s->second, size);
+    stage_of_.erase(s);
+  }
+  CU_CALL(d_, cuMemRelease, h);
+  return true;
 }
 
 size_t PhysPool::trim(size_t want, size_t keep) {
@@ -122,14 +135,17 @@ size_t PhysPool::trim(size_t want, size_t keep) {
     auto& v = it->second;
     const size_t floor = it->first == keep ? 1 : 0;
     while (v.size() > floor && freed < want) {
-      release(v.back(), it->first);
+      const CUmemGenericAllocationHandle h = v.back();
       v.pop_back();
-      freed += it->first;
+      pooled_ -= it->first;
+      // One that cannot go stays held (counted) but is never reused.
+      if (release(h, it->first)) {
+        freed += it->first;
+        held_ -= it->first;
+      }
     }
     it = v.empty() ? free_.erase(it) : std::next(it);
   }
-  held_ -= freed;
-  pooled_ -= freed;
   return freed;
 }
 

@@ -68,32 +68,44 @@ class VaArena {
 // Physical memory of one kind (device- or host-located), pooled by exact size
 // so that a repeated training step creates nothing new.
 //
-// A staged pool (given an arena) maps each handle it creates at an address of
-// its own, read/write for `device`, and keeps that mapping for as long as it
-// holds the handle, pooled or taken: a copy into or out of the handle then
-// needs no map and unmap (2-3 VMM calls, tens of microseconds each on
-// hardware) on the thread that queues it. A physical allocation may be
-// mapped at several addresses at once (cuda.h, cuMemMap), so the handle can
-// also back a block's own range meanwhile. The mapping goes when the handle
-// is released.
+// A handle may be staged: mapped at an address of its own in `stage_in`,
+// read/write for `device`, for as long as the pool holds it, pooled or taken.
+// A copy into or out of the handle then needs no map and unmap (2-3 VMM
+// calls, about 45 us each on an H100, docs/gpu.md check (a)) on the thread
+// that queues it. A physical allocation may be mapped at several addresses
+// at once (cuda.h, cuMemMap), so the handle can also back a block's own
+// range meanwhile. The staging mapping goes when the handle is released.
+// Host handles are staged when created (every one is an eviction's
+// destination); device handles when a copy first needs it (`stage`), so
+// that a job that never restores pays nothing.
 class PhysPool {
  public:
   PhysPool(const cu::Driver& d, const CUmemAllocationProp& prop, VaArena* stage_in = nullptr,
-           int device = 0)
-      : d_(d), prop_(prop), stage_in_(stage_in), device_(device) {}
+           int device = 0, bool stage_on_create = false)
+      : d_(d),
+        prop_(prop),
+        stage_in_(stage_in),
+        device_(device),
+        stage_on_create_(stage_on_create && stage_in) {}
   ~PhysPool();
   PhysPool(const PhysPool&) = delete;
   PhysPool& operator=(const PhysPool&) = delete;
 
   // A handle of exactly `size` bytes, pooled or new (cuMemCreate's error
-  // passes through, e.g. CUDA_ERROR_OUT_OF_MEMORY), and in a staged pool its
-  // staging address (`*va`; 0 in a pool that is not staged).
+  // passes through, e.g. CUDA_ERROR_OUT_OF_MEMORY), and its staging address
+  // (`*va`; 0 if not staged).
   CUresult take(size_t size, CUmemGenericAllocationHandle* out, uintptr_t* va = nullptr);
-  // Back to the pool, with the staging address `take` gave it.
-  void give(CUmemGenericAllocationHandle h, size_t size, uintptr_t va = 0);
+  // The staging address of a handle of this pool, mapped now if it has none.
+  CUresult stage(CUmemGenericAllocationHandle h, size_t size, uintptr_t* va);
+  // Back to the pool (its staging mapping kept).
+  void give(CUmemGenericAllocationHandle h, size_t size) {
+    free_[size].push_back(h);
+    pooled_ += size;
+  }
   // A handle created (and staged at `va`) by the caller, into the pool.
   void adopt(CUmemGenericAllocationHandle h, size_t size, uintptr_t va) {
-    give(h, size, va);
+    if (va) stage_of_[h] = va;
+    give(h, size);
     held_ += size;
     ++creates_;
   }
@@ -112,18 +124,17 @@ class PhysPool {
   uint64_t creates() const { return creates_; }
 
  private:
-  struct Pooled {
-    CUmemGenericAllocationHandle h;
-    uintptr_t va;  // its staging address, or 0
-  };
-  // Gives up a handle: its staging mapping, then the handle.
-  void release(const Pooled& p, size_t size);
+  // Gives up a handle: its staging mapping, then the handle. False (and the
+  // handle kept) if the mapping cannot be undone.
+  bool release(CUmemGenericAllocationHandle h, size_t size);
 
   const cu::Driver& d_;
   CUmemAllocationProp prop_;
   VaArena* stage_in_;
   int device_;
-  std::unordered_map<size_t, std::vector<Pooled>> free_;
+  bool stage_on_create_;
+  std::unordered_map<size_t, std::vector<CUmemGenericAllocationHandle>> free_;
+  std::unordered_map<CUmemGenericAllocationHandle, uintptr_t> stage_of_;  // staged handles
   size_t held_ = 0, pooled_ = 0;
   uint64_t creates_ = 0;
 };

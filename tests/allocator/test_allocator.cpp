@@ -962,6 +962,51 @@ TEST_F(AllocatorTest, AnEvictionIntoPooledHostMemoryMapsNothingButTheSwap) {
   a->free(x, 4 * MiB, nullptr);
 }
 
+// Device handles are staged too, from the first copy into one (vmm.h): a
+// restore into a pooled handle is then the swap alone (the host piece
+// unmapped, the handle mapped with its access), where a scratch mapping
+// made and undone per restore cost three calls more; a prefetch's start
+// maps nothing at all, its swap at the use or the mover.
+TEST_F(AllocatorTest, ARestoreIntoAPooledDeviceHandleMapsNothingButTheSwap) {
+  auto a = make(8 * MiB);
+  ASSERT_NE(nullptr, a);
+  void* x = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, x);
+  fill(x, 4 * MiB, 43, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(a->evict(x));
+  ASSERT_CU(a->restore(x, nullptr));  // its device handle is staged here
+  ASSERT_CU(a->evict(x));             // and pooled, staged, here
+  auto calls = [] {
+    return std::array<uint64_t, 4>{simcuda_call_count("cuMemCreate"),
+                                   simcuda_call_count("cuMemMap"), simcuda_call_count("cuMemUnmap"),
+                                   simcuda_call_count("cuMemSetAccess")};
+  };
+  auto since = [&](const std::array<uint64_t, 4>& before) {
+    std::array<uint64_t, 4> now = calls();
+    for (size_t i = 0; i < now.size(); ++i) now[i] -= before[i];
+    return now;
+  };
+  using Calls = std::array<uint64_t, 4>;  // create, map, unmap, set access
+  auto before = calls();
+  ASSERT_CU(a->restore(x, nullptr));
+  EXPECT_EQ((Calls{0, 1, 1, 1}), since(before));
+  check(x, 4 * MiB, 43, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(a->evict(x));
+  before = calls();
+  ASSERT_EQ(1u, prefetch(*a, x));
+  EXPECT_EQ((Calls{0, 0, 0, 0}), since(before));
+  ASSERT_CU(cuCtxSynchronize());
+  before = calls();
+  ASSERT_CU(a->restore(x, nullptr));  // swaps the arrived copy in
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(x));
+  EXPECT_EQ((Calls{0, 1, 1, 1}), since(before));
+  check(x, 4 * MiB, 43, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(x, 4 * MiB, nullptr);
+}
+
 // Contract 3: a block used on another stream is not reused until that
 // stream's work on it is done. The access tracker reports such uses through
 // note_use (PyTorch's record_stream never reaches a pluggable allocator).
