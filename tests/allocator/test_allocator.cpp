@@ -159,6 +159,29 @@ class AllocatorTest : public ::testing::Test {
     if (p) a.free(p, n, nullptr);
     return p;
   }
+  // A 4 MiB block filled with `seed`'s pattern, evicted and restored once:
+  // its host memory is made and staged, its device handle too.
+  void* moved_once(Allocator& a, uint64_t seed) {
+    void* x = a.malloc(4 * MiB, nullptr);
+    if (!x) return nullptr;
+    fill(x, 4 * MiB, seed, nullptr);
+    EXPECT_CU(cuCtxSynchronize());
+    EXPECT_CU(a.evict(x));
+    EXPECT_CU(a.restore(x, nullptr));
+    EXPECT_EQ(Allocator::Residency::kDevice, a.residency(x));
+    return x;
+  }
+  // The VMM calls made so far: create, map, unmap, set access.
+  using VmmCalls = std::array<uint64_t, 4>;
+  static VmmCalls vmm_calls() {
+    return {simcuda_call_count("cuMemCreate"), simcuda_call_count("cuMemMap"),
+            simcuda_call_count("cuMemUnmap"), simcuda_call_count("cuMemSetAccess")};
+  }
+  static VmmCalls vmm_calls_since(const VmmCalls& before) {
+    VmmCalls now = vmm_calls();
+    for (size_t i = 0; i < now.size(); ++i) now[i] -= before[i];
+    return now;
+  }
   // Allocator::prefetch of the block at `p`.
   static size_t prefetch(Allocator& a, void* p) {
     const auto lo = reinterpret_cast<uintptr_t>(p);
@@ -933,28 +956,12 @@ TEST_F(AllocatorTest, ASplitBlocksRangeAnotherStreamUsedIsNotReusedEarly) {
 TEST_F(AllocatorTest, AnEvictionIntoPooledHostMemoryMapsNothingButTheSwap) {
   auto a = make(8 * MiB);
   ASSERT_NE(nullptr, a);
-  void* x = a->malloc(4 * MiB, nullptr);
+  void* x = moved_once(*a, 42);
   ASSERT_NE(nullptr, x);
-  fill(x, 4 * MiB, 42, nullptr);
-  ASSERT_CU(cuCtxSynchronize());
-  ASSERT_CU(a->evict(x));  // the host memory is made (and staged) here
-  ASSERT_CU(a->restore(x, nullptr));
-  ASSERT_EQ(Allocator::Residency::kDevice, a->residency(x));
-  struct Counts {
-    uint64_t create, map, unmap, access;
-  };
-  auto counts = [] {
-    return Counts{simcuda_call_count("cuMemCreate"), simcuda_call_count("cuMemMap"),
-                  simcuda_call_count("cuMemUnmap"), simcuda_call_count("cuMemSetAccess")};
-  };
-  const Counts before = counts();
+  const VmmCalls before = vmm_calls();
   ASSERT_CU(a->evict(x));
-  const Counts after = counts();
   EXPECT_EQ(Allocator::Residency::kHost, a->residency(x));
-  EXPECT_EQ(0u, after.create - before.create);
-  EXPECT_EQ(1u, after.map - before.map);
-  EXPECT_EQ(1u, after.unmap - before.unmap);
-  EXPECT_EQ(1u, after.access - before.access);
+  EXPECT_EQ((VmmCalls{0, 1, 1, 1}), vmm_calls_since(before));
   check(x, 4 * MiB, 42, nullptr);  // through the host mapping
   ASSERT_CU(a->restore(x, nullptr));
   check(x, 4 * MiB, 42, nullptr);
@@ -970,38 +977,23 @@ TEST_F(AllocatorTest, AnEvictionIntoPooledHostMemoryMapsNothingButTheSwap) {
 TEST_F(AllocatorTest, ARestoreIntoAPooledDeviceHandleMapsNothingButTheSwap) {
   auto a = make(8 * MiB);
   ASSERT_NE(nullptr, a);
-  void* x = a->malloc(4 * MiB, nullptr);
+  void* x = moved_once(*a, 43);
   ASSERT_NE(nullptr, x);
-  fill(x, 4 * MiB, 43, nullptr);
-  ASSERT_CU(cuCtxSynchronize());
-  ASSERT_CU(a->evict(x));
-  ASSERT_CU(a->restore(x, nullptr));  // its device handle is staged here
-  ASSERT_CU(a->evict(x));             // and pooled, staged, here
-  auto calls = [] {
-    return std::array<uint64_t, 4>{simcuda_call_count("cuMemCreate"),
-                                   simcuda_call_count("cuMemMap"), simcuda_call_count("cuMemUnmap"),
-                                   simcuda_call_count("cuMemSetAccess")};
-  };
-  auto since = [&](const std::array<uint64_t, 4>& before) {
-    std::array<uint64_t, 4> now = calls();
-    for (size_t i = 0; i < now.size(); ++i) now[i] -= before[i];
-    return now;
-  };
-  using Calls = std::array<uint64_t, 4>;  // create, map, unmap, set access
-  auto before = calls();
+  ASSERT_CU(a->evict(x));  // its device handle pooled, staged
+  auto before = vmm_calls();
   ASSERT_CU(a->restore(x, nullptr));
-  EXPECT_EQ((Calls{0, 1, 1, 1}), since(before));
+  EXPECT_EQ((VmmCalls{0, 1, 1, 1}), vmm_calls_since(before));
   check(x, 4 * MiB, 43, nullptr);
   ASSERT_CU(cuCtxSynchronize());
   ASSERT_CU(a->evict(x));
-  before = calls();
+  before = vmm_calls();
   ASSERT_EQ(1u, prefetch(*a, x));
-  EXPECT_EQ((Calls{0, 0, 0, 0}), since(before));
+  EXPECT_EQ((VmmCalls{0, 0, 0, 0}), vmm_calls_since(before));
   ASSERT_CU(cuCtxSynchronize());
-  before = calls();
+  before = vmm_calls();
   ASSERT_CU(a->restore(x, nullptr));  // swaps the arrived copy in
   EXPECT_EQ(Allocator::Residency::kDevice, a->residency(x));
-  EXPECT_EQ((Calls{0, 1, 1, 1}), since(before));
+  EXPECT_EQ((VmmCalls{0, 1, 1, 1}), vmm_calls_since(before));
   check(x, 4 * MiB, 43, nullptr);
   EXPECT_EQ(0u, mismatches());
   a->free(x, 4 * MiB, nullptr);
