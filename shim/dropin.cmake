@@ -1,6 +1,7 @@
 # The drop-in parts around libspillway.so (docs/install.md): the Python
-# bootstrap directory next to the library, the spillway-run launcher, and the
-# `cmake --install` layout. Included from shim/CMakeLists.txt.
+# bootstrap directory next to the library and the spillway-run launcher in the
+# build tree. Included from shim/CMakeLists.txt; what `cmake --install` and
+# the wheel install is in cmake/install.cmake and setup.py.
 #
 #   build/lib/spillway_bootstrap/sitecustomize.py   (found by the constructor in
 #   build/lib/spillway_bootstrap/spillway/*.py       bootstrap.cpp, via dladdr)
@@ -29,18 +30,3 @@ add_custom_command(OUTPUT ${_boot_outputs} ${_boot_commands}
                    COMMENT "spillway: Python bootstrap and spillway-run")
 add_custom_target(spillway_dropin ALL DEPENDS ${_boot_outputs})
 add_dependencies(spillway spillway_dropin)
-
-# cmake --install BUILD --prefix PREFIX [--component spillway] (docs/install.md):
-#   PREFIX/bin/spillway-run
-#   PREFIX/lib/libspillway.so
-#   PREFIX/lib/spillway_bootstrap/{sitecustomize.py,spillway/}
-#   PREFIX/lib/python/spillway/          (for PYTHONPATH without preloading)
-#   PREFIX/include/spillway.h
-install(TARGETS spillway LIBRARY DESTINATION lib COMPONENT spillway)
-install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/include/spillway.h DESTINATION include COMPONENT spillway)
-install(PROGRAMS ${CMAKE_SOURCE_DIR}/tools/spillway-run DESTINATION bin COMPONENT spillway)
-install(FILES ${SPW_PY_DIR}/bootstrap/sitecustomize.py DESTINATION lib/spillway_bootstrap COMPONENT spillway)
-install(DIRECTORY ${SPW_PY_DIR}/spillway DESTINATION lib/spillway_bootstrap
-        COMPONENT spillway FILES_MATCHING PATTERN "*.py")
-install(DIRECTORY ${SPW_PY_DIR}/spillway DESTINATION lib/python
-        COMPONENT spillway FILES_MATCHING PATTERN "*.py")

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -72,11 +73,16 @@ std::string self_exe() {
   return ec ? std::string() : p.string();
 }
 
-std::string default_path(const char* relative, const char* fallback) {
+// The first of `relatives` (to this executable's directory: the build tree's
+// layout, then the installed one, cmake/install.cmake) that exists, else
+// `fallback` (this build tree's absolute path).
+std::string default_path(std::initializer_list<const char*> relatives, const char* fallback) {
   const std::string exe = self_exe();
   if (!exe.empty()) {
-    fs::path p = fs::path(exe).parent_path().parent_path() / relative;
-    if (fs::exists(p)) return p.string();
+    for (const char* relative : relatives) {
+      const fs::path p = fs::path(exe).parent_path() / relative;
+      if (fs::exists(p)) return p.lexically_normal().string();
+    }
   }
   return fallback;
 }
@@ -159,7 +165,8 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (o.trace.empty()) bad_usage("no trace given");
-  if (o.shim.empty()) o.shim = default_path("lib/libspillway.so", REPLAY_DEFAULT_SHIM);
+  if (o.shim.empty())
+    o.shim = default_path({"../lib/libspillway.so", REPLAY_INSTALLED_SHIM}, REPLAY_DEFAULT_SHIM);
   return o;
 }
 
@@ -380,7 +387,8 @@ int main(int argc, char** argv) {
   const std::string mode = spillway ? o.mode : "off";
   setenv("SPILLWAY_MODE", mode.c_str(), 1);
   if (spillway && budget) setenv("SPILLWAY_GPU_BUDGET", std::to_string(budget).c_str(), 1);
-  const std::string cupti = default_path("sim/libcupti.so.13", REPLAY_SIM_DIR "/libcupti.so.13");
+  const std::string cupti = default_path({"../sim/libcupti.so.13", REPLAY_INSTALLED_CUPTI},
+                                         REPLAY_SIM_DIR "/libcupti.so.13");
   setenv("SPILLWAY_CUPTI_PATH", cupti.c_str(), 0);
 
   Engine e(o, a);

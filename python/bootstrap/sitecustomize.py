@@ -11,9 +11,37 @@
 import os
 import sys
 
+# The `spillway` package that came with this library, relative to this file's
+# directory: next to it in the build tree. `cmake --install` and the wheel
+# install a copy with their layout's (cmake/install.cmake, setup.py).
+PACKAGE_DIR = "spillway"
+
+
+def _import_spillway():
+    """Imports the package at PACKAGE_DIR as `spillway`, whatever sys.path holds:
+    the Python that runs may not be the one it was installed for (a venv's
+    spillway-run starting the system's python3), and another `spillway` on the
+    path would not match this library."""
+    import importlib.util  # already loaded by Python's start-up: costs nothing
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.normpath(os.path.join(here, PACKAGE_DIR))
+    spec = importlib.util.spec_from_file_location(
+        "spillway", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
+    if spec is None or not os.path.isfile(spec.origin):
+        raise ImportError("the spillway package is not at %s" % package)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["spillway"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["spillway"]
+        raise
+
 
 def _arm():
     try:
+        _import_spillway()
         from spillway import _bootstrap
         _bootstrap.arm()
     except Exception as e:  # contract 4: never fail the job
