@@ -211,6 +211,7 @@ _MEMORY_STATS = {
     "spillway.restored_blocks": lambda s: s["blocks_restored"],
     "spillway.evictions_cancelled": lambda s: s["evictions_cancelled"],
     "spillway.prefetches_used": lambda s: s["prefetches_used"],
+    "spillway.transfer_wait_ns": lambda s: s["transfer_wait_ns"],
 }
 
 

@@ -1037,6 +1037,7 @@ Stats Allocator::stats() {
   s.small_pool_bytes = cache_.small_bytes();
   s.device_creates = dev_.creates();
   s.host_creates = backing_->host_creates();
+  s.transfer_wait_ns = streams_->waited_ns();
   return s;
 }
 

@@ -1,6 +1,7 @@
 #include "copy_streams.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace spillway {
 
@@ -33,7 +34,7 @@ CUresult CopyStreams::order_after_uses(CUstream waiter, const Block& b) {
 
 CUresult CopyStreams::wait_uses(const Block& b) {
   auto one = [&](CUstream s) {
-    if (const UseMark* m = mark_of(b, s)) return CU_CALL(d_, cuEventSynchronize, m->ev.get());
+    if (const UseMark* m = mark_of(b, s)) return wait_event(m->ev.get(), false);
     return drain(s);
   };
   CUresult r = one(b.stream);
@@ -45,7 +46,17 @@ CUresult CopyStreams::wait_uses(const Block& b) {
 CUresult CopyStreams::drain(CUstream s) {
   if (CUresult c = not_capturing(s); c != CUDA_SUCCESS) return c;
   CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
-  if (r == CUDA_SUCCESS) r = CU_CALL(d_, cuEventSynchronize, ev_.get());
+  if (r == CUDA_SUCCESS) r = wait_event(ev_.get(), s == d2h() || s == h2d());
+  return r;
+}
+
+CUresult CopyStreams::wait_event(CUevent e, bool for_copies) {
+  if (!for_copies) return CU_CALL(d_, cuEventSynchronize, e);
+  const auto t0 = std::chrono::steady_clock::now();
+  const CUresult r = CU_CALL(d_, cuEventSynchronize, e);
+  waited_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
   return r;
 }
 
@@ -108,7 +119,7 @@ CUresult CopyStreams::departed(const Block& b) const {
 }
 
 CUresult CopyStreams::wait_departure(const Block& b) {
-  return b.departure ? CU_CALL(d_, cuEventSynchronize, b.departure->ev.get()) : drain(d2h());
+  return b.departure ? wait(*b.departure) : drain(d2h());
 }
 
 CUresult CopyStreams::order_after_departure(CUstream waiter, const Block& b) {

@@ -53,6 +53,15 @@ class CopyStreams {
   CUresult wait_uses(const Block& b);
   // The host waits for all work queued so far on `s`.
   CUresult drain(CUstream s);
+  // The host waits for a copy of spillway's: the one `m` follows on a copy
+  // stream (a prefetch's arrival, say).
+  CUresult wait(const UseMark& m) { return wait_event(m.ev.get(), true); }
+  // Wall-clock time the host spent waiting for spillway's copies (wait,
+  // wait_departure, a drain of a copy stream), not for the job's work
+  // (wait_uses, a drain of the job's stream): the job's threads, as the mover
+  // waits for its copies on its own. The exit summary's "waited for
+  // transfers".
+  uint64_t waited_ns() const { return waited_ns_; }
 
   // A mark after the work just queued on `s` (not capturing); null if it
   // cannot be recorded (the blocks then keep no mark for `s`).
@@ -92,9 +101,12 @@ class CopyStreams {
   }
   void unref(UseMark* m);
 
+  CUresult wait_event(CUevent e, bool for_copies);
+
   const cu::Driver& d_;
   Stream d2h_, h2d_;
   Event ev_;
+  uint64_t waited_ns_ = 0;  // under the allocator's lock, as every call here
   std::vector<std::unique_ptr<UseMark>> marks_;
   std::vector<UseMark*> free_marks_;
 };

@@ -260,8 +260,7 @@ class HostBacking final : public Backing {
   bool finish_prefetch(Block* b, bool wait) override {
     const UseMark* m = p_.streams.arrival(*b);
     if (!m) return false;
-    CUresult r =
-        wait ? CU_CALL(p_.d, cuEventSynchronize, m->ev.get()) : p_.d.cuEventQuery(m->ev.get());
+    CUresult r = wait ? p_.streams.wait(*m) : p_.d.cuEventQuery(m->ev.get());
     if (r == CUDA_ERROR_NOT_READY) return false;
     if (r != CUDA_SUCCESS) {
       abort_prefetch(b);
@@ -285,7 +284,7 @@ class HostBacking final : public Backing {
 
   void abort_prefetch(Block* b) override {
     // The copy reads the host copy and writes the device one: it ends first.
-    if (const UseMark* m = p_.streams.arrival(*b)) CU_CALL(p_.d, cuEventSynchronize, m->ev.get());
+    if (const UseMark* m = p_.streams.arrival(*b)) p_.streams.wait(*m);
     drop_device_copy(b);
   }
 

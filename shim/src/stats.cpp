@@ -40,17 +40,33 @@ std::string to_json(const Stats& s, uint64_t steps) {
   return out + buf;
 }
 
+namespace {
+
+// A duration for a person: "850 us", "12.3 ms", "4.56 s".
+std::string format_ns(uint64_t ns) {
+  char buf[32];
+  if (ns < 1'000'000)
+    std::snprintf(buf, sizeof buf, "%llu us", static_cast<unsigned long long>(ns / 1000));
+  else if (ns < 1'000'000'000)
+    std::snprintf(buf, sizeof buf, "%.1f ms", static_cast<double>(ns) / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
+}  // namespace
+
 std::string summary_line(const Stats& s) {
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "peak resident %s (budget %s), evicted %llu blocks / %s, restored %llu blocks / "
-                "%s, host peak %s, %llu OOM%s",
-                format_bytes(s.peak_resident_bytes).c_str(), format_bytes(s.budget_bytes).c_str(),
-                static_cast<unsigned long long>(s.blocks_evicted),
-                format_bytes(s.bytes_evicted).c_str(),
-                static_cast<unsigned long long>(s.blocks_restored),
-                format_bytes(s.bytes_restored).c_str(), format_bytes(s.peak_host_bytes).c_str(),
-                static_cast<unsigned long long>(s.ooms), s.blind ? ", access tracking blind" : "");
+  std::snprintf(
+      buf, sizeof buf,
+      "peak resident %s (budget %s), evicted %llu blocks / %s, restored %llu blocks / "
+      "%s, waited %s for transfers, host peak %s, %llu OOM%s",
+      format_bytes(s.peak_resident_bytes).c_str(), format_bytes(s.budget_bytes).c_str(),
+      static_cast<unsigned long long>(s.blocks_evicted), format_bytes(s.bytes_evicted).c_str(),
+      static_cast<unsigned long long>(s.blocks_restored), format_bytes(s.bytes_restored).c_str(),
+      format_ns(s.transfer_wait_ns).c_str(), format_bytes(s.peak_host_bytes).c_str(),
+      static_cast<unsigned long long>(s.ooms), s.blind ? ", access tracking blind" : "");
   return buf;
 }
 

@@ -290,6 +290,27 @@ TEST_F(AllocatorTest, EvictAndRestoreKeepTheBytesAtTheSameAddress) {
   a->free(p, 6 * MiB, nullptr);
 }
 
+// The time the job's thread waits for spillway's copies is counted (the exit
+// summary's "waited ... for transfers"): a restore whose copy is queued
+// behind 20 ms of real work on the block's stream (no mark: no budget, so
+// its tail) waits at least that.
+TEST_F(AllocatorTest, TheTimeWaitedForARestoresCopyIsCounted) {
+  auto a = make(0);
+  void* p = a->malloc(6 * MiB, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, 6 * MiB, 8, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, a->stats().transfer_wait_ns);
+  ASSERT_CU(a->evict(p));
+  const uint64_t after_evict = a->stats().transfer_wait_ns;
+  busy(nullptr, 20'000);
+  ASSERT_CU(a->restore(p, nullptr));
+  EXPECT_GE(a->stats().transfer_wait_ns - after_evict, 20'000'000u);
+  check(p, 6 * MiB, 8, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  a->free(p, 6 * MiB, nullptr);
+}
+
 // A block's host memory is pieces of 64 MiB and a tail, mapped one after
 // another at its address, so that blocks of other sizes reuse them (creating
 // host memory costs by the byte on hardware: 3.2 GB/s on an H200,

@@ -89,6 +89,7 @@ print(json.dumps({"m": m, "keys": list(m), "raw": raw(),
         "spillway.restored_blocks": s["blocks_restored"],
         "spillway.evictions_cancelled": s["evictions_cancelled"],
         "spillway.prefetches_used": s["prefetches_used"],
+        "spillway.transfer_wait_ns": s["transfer_wait_ns"],
     }
     assert m == expected
     # No reset yet: the peaks are the process's.

@@ -805,6 +805,7 @@ TEST_F(ShimAbi, SummaryLineAndStatsFileAtExit) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   // 4 MiB block + one 2 MiB small-block chunk.
   EXPECT_EQ(count_lines_with(r.err, "peak resident 6.0 MiB (budget 1.0 GiB)"), 1u) << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "waited 0 us for transfers"), 1u) << r.err;  // none moved
   ASSERT_TRUE(fs::exists(stats)) << r.describe();
   std::string json = read_file(stats);
   while (!json.empty() && json.back() == '\n') json.pop_back();
