@@ -104,6 +104,7 @@ struct Prep {
   uint32_t L = 0;
   uint64_t cap = 0;
   double d2h = 0, h2d = 0, bidir = 0;
+  double move_ns = 0;  // PlanOptions::move_host_ns
   // Each block's anchors (launches it must be resident at), ascending:
   // anchors[off[b] .. off[b + 1]).
   std::vector<uint32_t> off, anchors;
@@ -170,6 +171,7 @@ Prep::Prep(const StepModel& model, const PlanOptions& o) : m(model) {
   d2h = std::max(o.d2h_bytes_per_ns, kMinRate);
   h2d = std::max(o.h2d_bytes_per_ns, kMinRate);
   bidir = std::max(o.bidir_bytes_per_ns, kMinRate);
+  move_ns = static_cast<double>(o.move_host_ns);
   const size_t G = m.blocks.size();
   off.assign(G + 1, 0);
   begin.assign(G, 0);
@@ -318,6 +320,15 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
   uint64_t pending = 0;
   const double h = static_cast<double>(P.m.launch_host_ns);
   double issue = 0, compute_free = 0, d2h_free = 0, h2d_free = 0;
+  // The swaps (move_host_ns each) on one thread, in the order the copies
+  // are queued: a copy's block is usable, or its device memory free, once
+  // its swap is done.
+  double mover_free = 0;
+  auto swapped = [&](double copied) {
+    if (P.move_ns <= 0) return copied;
+    mover_free = std::max(copied, mover_free) + P.move_ns;
+    return mover_free;
+  };
   std::vector<double> last_end(kReplaySteps, 0);
   int64_t resident = 0;
   uint64_t peak = 0;
@@ -343,8 +354,8 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
         fifo[fifo_of[inst]].bytes = 0;
       }
       const double s = std::max({t, h2d_free, evict_done[inst]});
-      landed[inst] = h2d_free =
-          s + copy_ns(static_cast<double>(bytes), s, d2h_free, P.h2d, P.bidir);
+      h2d_free = s + copy_ns(static_cast<double>(bytes), s, d2h_free, P.h2d, P.bidir);
+      landed[inst] = swapped(h2d_free);
     }
     for (uint32_t inst : wait_at[g]) t = std::max(t, landed[inst]);
     issue = t;
@@ -357,7 +368,7 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
       evict_done[inst] = d2h_free =
           c + copy_ns(static_cast<double>(bytes), c, h2d_free, P.d2h, P.bidir);
       fifo_of[inst] = static_cast<int64_t>(fifo.size());
-      fifo.push_back({d2h_free, bytes});
+      fifo.push_back({swapped(d2h_free), bytes});
       pending += bytes;
     }
   }

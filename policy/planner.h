@@ -61,6 +61,12 @@ struct PlanOptions {
   // Link rates in bytes per ns (1 GB/s = 1 byte/ns): each direction alone,
   // and each direction while the other is busy (docs/sim.md's defaults).
   double d2h_bytes_per_ns = 55, h2d_bytes_per_ns = 55, bidir_bytes_per_ns = 45;
+  // Host time to swap one moved block's mappings once its copy is done (its
+  // VMM calls: an unmap, a map and an access grant, about 45 us each on an
+  // H100, docs/gpu.md check (a)), made on one thread for every move (the
+  // mover's): an eviction's memory is free, and a prefetch usable, only
+  // after its swap. 0: free, as the simulator's default costs.
+  uint64_t move_host_ns = 0;
 };
 
 struct Move {

@@ -85,6 +85,10 @@ uint64_t simcuda_device_idle_at_ns(int device);
 /* Number of calls of a driver entry point by exported name, e.g.
  * "cuMemCreate" or "cuMemcpyHtoDAsync_v2" (base names count all variants). */
 uint64_t simcuda_call_count(const char* name);
+/* The virtual host time one call of a driver entry point (not a launch)
+ * costs, as configured (SIMCUDA_API_NS, SIMCUDA_VMM_NS, SIMCUDA_CALL_NS);
+ * 0 before cuInit. */
+uint64_t simcuda_call_cost_ns(const char* name);
 
 typedef struct simcuda_memory_stats {
   uint64_t device_capacity;

@@ -24,6 +24,10 @@ namespace sim::api {
 
 enum class Cost : uint8_t { kApi, kLaunch };
 
+// The host cost of one call of `name` (not a launch), as configured; 0
+// before cuInit (simcuda_call_cost_ns).
+uint64_t call_cost_ns(const char* name);
+
 // The correlation id of the call being made on this thread (0 outside one);
 // ops enqueued by the body carry it into their activity records.
 uint32_t current_correlation();

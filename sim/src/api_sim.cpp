@@ -86,6 +86,11 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
   return result;
 }
 
+uint64_t call_cost_ns(const char* name) {
+  const State* st = state();
+  return st && name ? host_cost(*st, name, Cost::kApi) : 0;
+}
+
 }  // namespace sim::api
 
 using namespace sim;
@@ -142,6 +147,10 @@ uint64_t simcuda_device_idle_at_ns(int device) {
 
 uint64_t simcuda_call_count(const char* name) {
   return name ? faults::count(name) : 0;
+}
+
+uint64_t simcuda_call_cost_ns(const char* name) {
+  return api::call_cost_ns(name);
 }
 
 void simcuda_get_memory_stats(int device, simcuda_memory_stats* out) {

@@ -230,6 +230,40 @@ TEST(Planner, APrefetchIsIssuedACopysTimeAheadOfItsUse) {
   EXPECT_EQ(1100u, q.step_ns);
 }
 
+// A move's swap (its VMM calls, PlanOptions::move_host_ns) is host time on
+// the mover after its copy: the same moves as above, no lead for the host,
+// 30 ns a swap. B's allocation at launch 3 (issued at 300) waits for A's
+// memory until its copy (200..300) and swap (300..330) are done, and launch
+// 8 for A's copy back (issued at 730, done at 830) and its swap: 2 x 30 ns.
+TEST(Planner, EachMovesSwapDelaysWhatWaitsForIt) {
+  StepModel m = steps(std::vector<uint64_t>(10, 100));
+  m.launch_host_ns = 100;
+  m.blocks = {block(1, 100, 0, 10, {1, 8}), block(2, 100, 3, 6, {3, 4, 5})};
+  Move mv;
+  mv.block = 1;
+  mv.evict_after = 1;
+  mv.prefetch_at = 7;
+  mv.next_use = 8;
+  PlanOptions o = options(150);
+  const Plan free_swaps = predict(m, o, {mv});
+  ASSERT_EQ(1u, free_swaps.moves.size());
+  EXPECT_EQ(0u, free_swaps.stall_ns);
+  o.move_host_ns = 30;
+  const Plan paid = predict(m, o, {mv});
+  ASSERT_EQ(1u, paid.moves.size());
+  EXPECT_EQ(60u, paid.stall_ns);
+  EXPECT_EQ(1060u, paid.step_ns);
+  // Swaps are one thread's: two moves whose copies end together swap one
+  // after the other.
+  m.blocks.push_back(block(3, 50, 0, 10, {1, 8}));
+  Move second = mv;
+  second.block = 3;
+  o.budget = 200;
+  const Plan both = predict(m, o, {mv, second});
+  ASSERT_EQ(2u, both.moves.size());
+  EXPECT_GT(both.stall_ns, paid.stall_ns);
+}
+
 // A's copy back (issued at launch 4) runs while B's copy out (after launch
 // 3, 400..500 ns) holds the other direction: both at half the rate, A's
 // first 100 ns move 50 bytes, the other 50 take 50 ns alone, and launch 5

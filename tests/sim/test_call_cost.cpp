@@ -75,6 +75,10 @@ TEST(SimCallCost, VmmShorthandAndOverrides) {
                  EXPECT_EQ(20000u, cost_of([&] { return cuMemUnmap(va, g); }));
                  EXPECT_EQ(20000u, cost_of([&] { return cuMemRelease(h); }));
                  EXPECT_EQ(500u, cost_of([&] { return cuMemAddressFree(va, g); }));
+                 // What the replayer's ideal charges a swap reads the same.
+                 EXPECT_EQ(20000u, simcuda_call_cost_ns("cuMemMap"));
+                 EXPECT_EQ(7000u, simcuda_call_cost_ns("cuMemSetAccess"));
+                 EXPECT_EQ(500u, simcuda_call_cost_ns("cuMemGetAccess"));
                  CUfunction k = nop_kernel(1000);
                  EXPECT_EQ(4000u, cost_of([&] {
                              return cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr,
