@@ -41,6 +41,15 @@ StepModel::Block carried(uint64_t id, uint64_t bytes, std::initializer_list<uint
   return b;
 }
 
+Move move(uint64_t block, uint32_t evict_after, uint32_t prefetch_at, uint32_t next_use) {
+  Move mv;
+  mv.block = block;
+  mv.evict_after = evict_after;
+  mv.prefetch_at = prefetch_at;
+  mv.next_use = next_use;
+  return mv;
+}
+
 // 1 byte per ns each way, both at once too: a copy of n bytes takes n ns.
 PlanOptions options(uint64_t budget) {
   PlanOptions o;
@@ -239,11 +248,7 @@ TEST(Planner, EachMovesSwapDelaysWhatWaitsForIt) {
   StepModel m = steps(std::vector<uint64_t>(10, 100));
   m.launch_host_ns = 100;
   m.blocks = {block(1, 100, 0, 10, {1, 8}), block(2, 100, 3, 6, {3, 4, 5})};
-  Move mv;
-  mv.block = 1;
-  mv.evict_after = 1;
-  mv.prefetch_at = 7;
-  mv.next_use = 8;
+  const Move mv = move(1, 1, 7, 8);
   PlanOptions o = options(150);
   const Plan free_swaps = predict(m, o, {mv});
   ASSERT_EQ(1u, free_swaps.moves.size());
@@ -272,16 +277,7 @@ TEST(Planner, CopiesBothWaysAtOnceShareTheLink) {
   StepModel m = steps(std::vector<uint64_t>(10, 100));
   m.launch_host_ns = 100;
   m.blocks = {block(1, 100, 0, 10, {0, 5}), block(2, 100, 0, 10, {3, 9})};
-  Move a;
-  a.block = 1;
-  a.evict_after = 0;
-  a.prefetch_at = 4;
-  a.next_use = 5;
-  Move b;
-  b.block = 2;
-  b.evict_after = 3;
-  b.prefetch_at = 8;
-  b.next_use = 9;
+  const Move a = move(1, 0, 4, 5), b = move(2, 3, 8, 9);
   PlanOptions o = options(1000);
   EXPECT_EQ(0u, predict(m, o, {b, a}).stall_ns);
   o.bidir_bytes_per_ns = 0.5;
