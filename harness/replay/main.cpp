@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "engine.h"
 #include "ideal.h"
 #include "replay.h"
@@ -48,25 +49,6 @@ constexpr const char* kUsage =
   std::exit(2);
 }
 
-// A size as docs/config.md defines it: decimal number, optional unit.
-std::optional<uint64_t> parse_size(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0 || std::count(s.begin(), s.begin() + static_cast<long>(i), '.') > 1) return {};
-  const std::string num = s.substr(0, i), unit = s.substr(i);
-  static const std::pair<const char*, double> units[] = {
-      {"", 1},         {"B", 1},    {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
-      {"TiB", 0x1p40}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
-  for (const auto& [u, mul] : units) {
-    if (unit != u) continue;
-    if (mul == 1 && num.find('.') != std::string::npos) return {};
-    const double v = std::strtod(num.c_str(), nullptr) * mul;
-    if (!(v >= 1) || v >= 1.8e19) return {};
-    return static_cast<uint64_t>(v);
-  }
-  return {};
-}
-
 std::string self_exe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
@@ -87,111 +69,24 @@ std::string default_path(std::initializer_list<const char*> relatives, const cha
   return fallback;
 }
 
-Options parse_args(int argc, char** argv) {
-  Options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) bad_usage(std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
-  auto integer = [&](int& i, int64_t min) {
-    const std::string flag = argv[i], v = value(i);
-    char* end = nullptr;
-    const long long n = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end || n < min)
-      bad_usage(flag + " '" + v + "' is not an integer >= " + std::to_string(min));
-    return static_cast<int64_t>(n);
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
+Options options_or_exit(int argc, char** argv) {
+  Args r = replay::parse_args(argc, argv);
+  switch (r.action) {
+    case Args::Action::kHelp:
       std::fputs(kUsage, stdout);
       std::exit(0);
-    } else if (a == "--version") {
+    case Args::Action::kVersion:
       std::printf("spillway-replay %s\n", spillway::kVersion);
       std::exit(0);
-    } else if (a == "--budget") {
-      o.budget = value(i);
-      if (o.budget.empty()) bad_usage("--budget is empty");
-    } else if (a == "--device-memory") {
-      const std::string v = value(i);
-      auto n = parse_size(v);
-      if (!n) bad_usage("--device-memory '" + v + "' is not a size such as 80GiB");
-      o.device_memory = *n;
-    } else if (a == "--mode") {
-      o.mode = value(i);
-      if (o.mode != "host" && o.mode != "managed" && o.mode != "off")
-        bad_usage("--mode must be host, managed or off");
-    } else if (a == "--strategy") {
-      const std::string v = value(i);
-      if (v == "spillway")
-        o.strategy = Strategy::kSpillway;
-      else if (v == "none")
-        o.strategy = Strategy::kNone;
-      else if (v == "save_on_cpu")
-        o.strategy = Strategy::kSaveOnCpu;
-      else if (v == "torchtune")
-        o.strategy = Strategy::kTorchtune;
-      else if (v == "layerwise")
-        o.strategy = Strategy::kLayerwise;
-      else
-        bad_usage("--strategy '" + v +
-                  "' is not spillway, none, save_on_cpu, torchtune or layerwise");
-    } else if (a == "--steps") {
-      o.steps = integer(i, 0);
-    } else if (a == "--json") {
-      o.json_out = value(i);
-    } else if (a == "--trace-out") {
-      o.trace_out = value(i);
-    } else if (a == "--no-data") {
-      o.no_data = true;
-    } else if (a == "--layers") {
-      o.layers = static_cast<int>(integer(i, 1));
-    } else if (a == "--offload-layers") {
-      o.offload_layers = static_cast<int>(integer(i, 0));
-    } else if (a == "--shim") {
-      o.shim = value(i);
-    } else if (a == "--inject-corruption") {  // test seam, not in the usage
-      o.inject_corruption = integer(i, 0);
-    } else if (a == "--baseline-child") {  // internal
-      o.baseline_child = true;
-    } else if (a == "--quiet") {  // internal
-      o.quiet = true;
-    } else if (!a.empty() && a[0] == '-') {
-      bad_usage("unknown option " + a);
-    } else if (o.trace.empty()) {
-      o.trace = a;
-    } else {
-      bad_usage("more than one trace given");
-    }
+    case Args::Action::kBad:
+      bad_usage(r.error);
+    case Args::Action::kRun:
+      break;
   }
-  if (o.trace.empty()) bad_usage("no trace given");
+  Options& o = r.options;
   if (o.shim.empty())
     o.shim = default_path({"../lib/libspillway.so", REPLAY_INSTALLED_SHIM}, REPLAY_DEFAULT_SHIM);
   return o;
-}
-
-// A number from a flat JSON object (the shim's statistics, the child's report).
-double json_number(const std::string& json, const std::string& key, double dflt = 0) {
-  const std::string k = "\"" + key + "\":";
-  size_t p = json.find(k);
-  if (p == std::string::npos) return dflt;
-  return std::strtod(json.c_str() + p + k.size(), nullptr);
-}
-std::vector<uint64_t> json_array(const std::string& json, const std::string& key) {
-  std::vector<uint64_t> out;
-  const std::string k = "\"" + key + "\":";
-  size_t p = json.find(k);
-  if (p == std::string::npos) return out;
-  const char* c = json.c_str() + p + k.size();
-  while (*c == ' ') ++c;
-  if (*c++ != '[') return out;
-  while (*c && *c != ']') {
-    char* end = nullptr;
-    out.push_back(std::strtoull(c, &end, 10));
-    c = end;
-    while (*c == ',' || *c == ' ') ++c;
-  }
-  return out;
 }
 
 std::string read_text(const std::string& p) {
@@ -336,7 +231,7 @@ void write_chrome_trace(const std::string& path, Engine& e, const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o = parse_args(argc, argv);
+  Options o = options_or_exit(argc, argv);
   Analysis a;
   std::string why;
   if (!analyze(o.trace, o.layers, a, why)) {
@@ -359,20 +254,10 @@ int main(int argc, char** argv) {
 
   uint64_t budget = 0;
   if (!o.budget.empty()) {
-    if (o.budget.back() == '%') {
-      const std::string num = o.budget.substr(0, o.budget.size() - 1);
-      char* end = nullptr;
-      const double pct = std::strtod(num.c_str(), &end);
-      if (num.empty() || *end || !(pct > 0) || pct > 100) {
-        bad_usage("--budget '" + o.budget + "' is not a percentage in (0, 100]");
-      }
-      budget = static_cast<uint64_t>(std::floor(static_cast<double>(base.peak) * pct / 100));
-    } else {
-      auto n = parse_size(o.budget);
-      if (!n) bad_usage("--budget '" + o.budget + "' is not a size such as 40GiB or a percentage");
-      budget = *n;
-    }
-    if (budget == 0) bad_usage("--budget " + o.budget + " is 0 bytes");
+    std::string bad;
+    const auto b = parse_budget(o.budget, base.peak, &bad);
+    if (!b) bad_usage(bad);
+    budget = *b;
   }
 
   // Configure the sim and the shim before anything starts them.
