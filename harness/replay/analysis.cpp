@@ -15,14 +15,14 @@ using namespace spillway::trace;
 namespace {
 
 // A number-valued top-level key of the meta JSON, or 0 (a light look-up: the
-// replayer needs only small integers from meta).
-int meta_int(const std::string& meta, const std::string& key) {
+// replayer needs only small integers from meta). Saturates at INT64_MAX.
+int64_t meta_int(const std::string& meta, const std::string& key) {
   const std::string k = "\"" + key + "\"";
   size_t p = meta.find(k);
   if (p == std::string::npos) return 0;
   p = meta.find(':', p + k.size());
   if (p == std::string::npos) return 0;
-  return std::atoi(meta.c_str() + p + 1);
+  return std::strtoll(meta.c_str() + p + 1, nullptr, 10);
 }
 
 struct Track {
@@ -57,17 +57,29 @@ bool analyze(const std::string& path, int layers, Analysis& a, std::string& erro
       std::get<LaunchRec>(a.events[launch_at[d->launch]]).duration_ns = d->duration_ns;
       continue;
     }
-    if (auto* st = std::get_if<StringRec>(&e)) {
-      if (a.names.size() <= st->id) a.names.resize(st->id + 1);
-      a.names[st->id] = st->text;
-    }
+    if (auto* st = std::get_if<StringRec>(&e)) a.names[st->id] = st->text;
     if (std::holds_alternative<LaunchRec>(e)) launch_at.push_back(a.events.size());
     a.events.push_back(std::move(e));
   }
 
-  a.layers = layers > 0 ? layers : meta_int(a.meta, "layers");
-  if (a.layers <= 0) a.layers = meta_int(a.meta, "num_layers");
-  if (a.layers <= 0) a.layers = 8;
+  // --layers, else the meta's "layers" or "num_layers", else 8. Each step
+  // keeps one event index per layer: a meta claiming 2^31 layers once made
+  // that gigabytes (and atoi() wrapped larger numbers).
+  int64_t want = layers;
+  for (const char* key : {"layers", "num_layers"}) {
+    if (want > 0) break;
+    want = meta_int(a.meta, key);
+    if (want > kMaxLayers) {
+      error = "offset 16: the meta's \"" + std::string(key) + "\" is " + std::to_string(want) +
+              ", more than the " + std::to_string(kMaxLayers) + " layers the replayer handles";
+      return false;
+    }
+  }
+  if (want > kMaxLayers) {
+    error = "--layers " + std::to_string(want) + " is more than " + std::to_string(kMaxLayers);
+    return false;
+  }
+  a.layers = want > 0 ? static_cast<int>(want) : 8;
 
   const size_t n = a.events.size();
   a.phase.resize(n);

@@ -1,11 +1,13 @@
-// The replayer's command line and JSON look-ups (args.h), moved out of
-// main.cpp unchanged in behaviour: main() prints what bad_usage printed and
-// exits as it did.
+// The replayer's command line and JSON look-ups (args.h), out of main.cpp:
+// main() prints what bad_usage printed and exits as it did.
 #include "args.h"
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 namespace replay {
@@ -44,14 +46,17 @@ Args parse_args(int argc, const char* const* argv) {
     }
     return std::string(argv[++i]);
   };
-  auto integer = [&](int& i, int64_t min) -> std::optional<int64_t> {
+  auto integer = [&](int& i, int64_t min, int64_t max = INT64_MAX) -> std::optional<int64_t> {
     const std::string flag = argv[i];
     const auto v = value(i);
     if (!v) return std::nullopt;
     char* end = nullptr;
+    errno = 0;
     const long long n = std::strtoll(v->c_str(), &end, 10);
-    if (v->empty() || *end || n < min) {
-      bad(flag + " '" + *v + "' is not an integer >= " + std::to_string(min));
+    if (v->empty() || *end || n < min || n > max || errno == ERANGE) {
+      bad(flag + " '" + *v + "' is not an integer " +
+          (max == INT64_MAX ? ">= " + std::to_string(min)
+                            : "from " + std::to_string(min) + " to " + std::to_string(max)));
       return std::nullopt;
     }
     return static_cast<int64_t>(n);
@@ -112,11 +117,12 @@ Args parse_args(int argc, const char* const* argv) {
     } else if (a == "--no-data") {
       o.no_data = true;
     } else if (a == "--layers") {
-      const auto n = integer(i, 1);
+      // An int, and no more than the analysis cuts a forward into.
+      const auto n = integer(i, 1, kMaxLayers);
       if (!n) return r;
       o.layers = static_cast<int>(*n);
     } else if (a == "--offload-layers") {
-      const auto n = integer(i, 0);
+      const auto n = integer(i, 0, kMaxLayers);
       if (!n) return r;
       o.offload_layers = static_cast<int>(*n);
     } else if (a == "--shim") {
@@ -170,11 +176,18 @@ std::optional<uint64_t> parse_budget(const std::string& budget, uint64_t unconst
   return bytes;
 }
 
-double json_number(const std::string& json, const std::string& key, double dflt) {
+uint64_t json_u64(const std::string& json, const std::string& key, uint64_t dflt) {
   const std::string k = "\"" + key + "\":";
   size_t p = json.find(k);
   if (p == std::string::npos) return dflt;
-  return std::strtod(json.c_str() + p + k.size(), nullptr);
+  p += k.size();
+  while (p < json.size() && std::isspace(static_cast<unsigned char>(json[p]))) ++p;
+  // Digits only: the double this once went through made "-1" or 1e30 an
+  // out-of-range conversion (undefined behaviour).
+  if (p == json.size() || !std::isdigit(static_cast<unsigned char>(json[p]))) return dflt;
+  errno = 0;
+  const unsigned long long v = std::strtoull(json.c_str() + p, nullptr, 10);
+  return errno == ERANGE ? dflt : v;
 }
 
 std::vector<uint64_t> json_array(const std::string& json, const std::string& key) {
@@ -186,8 +199,14 @@ std::vector<uint64_t> json_array(const std::string& json, const std::string& key
   while (*c == ' ') ++c;
   if (*c++ != '[') return out;
   while (*c && *c != ']') {
+    // strtoull would skip a sign or spaces, wrap "-1" and, on something that
+    // is not a number, move nowhere: that looped forever, growing `out`.
+    if (!std::isdigit(static_cast<unsigned char>(*c))) break;
     char* end = nullptr;
-    out.push_back(std::strtoull(c, &end, 10));
+    errno = 0;
+    const unsigned long long v = std::strtoull(c, &end, 10);
+    if (errno == ERANGE) break;
+    out.push_back(v);
     c = end;
     while (*c == ',' || *c == ' ') ++c;
   }

@@ -33,10 +33,12 @@ Args parse_args(int argc, const char* const* argv);
 std::optional<uint64_t> parse_budget(const std::string& budget, uint64_t unconstrained_peak,
                                      std::string* error);
 
-// A number from a flat JSON object (the shim's statistics, the child's
-// report): the value after the first "key":, or `dflt` without one.
-double json_number(const std::string& json, const std::string& key, double dflt = 0);
-// The integers of the array after the first "key":; empty without the key.
+// An unsigned integer from a flat JSON object (the shim's statistics, the
+// child's report): the digits after the first "key": (and any spaces), or
+// `dflt` when there is no such key, no digits there, or more than 2^64 - 1.
+uint64_t json_u64(const std::string& json, const std::string& key, uint64_t dflt = 0);
+// The unsigned integers of the array after the first "key":, up to its ']'
+// or the first element that is not one; empty without the key.
 std::vector<uint64_t> json_array(const std::string& json, const std::string& key);
 
 }  // namespace replay

@@ -393,7 +393,8 @@ CUfunction Engine::kernel(uint64_t name, size_t n) {
   if (it != kernels_.end()) return it->second;
   auto& sizes = param_sizes_[n];
   sizes.assign(2 + n, 8);
-  kernel_names_.push_back(name < a_.names.size() && !a_.names[name].empty() ? a_.names[name]
+  const auto named = a_.names.find(name);
+  kernel_names_.push_back(named != a_.names.end() && !named->second.empty() ? named->second
                                                                             : "replay_kernel");
   simcuda_kernel_desc d{};
   d.name = kernel_names_.back().c_str();

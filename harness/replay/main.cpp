@@ -139,8 +139,8 @@ bool run_baseline(const Options& o, const Analysis& a, Baseline& b) {
   std::remove(tmpl);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || json.empty()) return false;
   if (json.find("\"oom\": true") != std::string::npos) return false;
-  b.peak = static_cast<uint64_t>(json_number(json, "peak_device_bytes"));
-  b.median_step_ns = static_cast<uint64_t>(json_number(json, "sim_step_time_ns"));
+  b.peak = json_u64(json, "peak_device_bytes");
+  b.median_step_ns = json_u64(json, "sim_step_time_ns");
   b.step_ns = json_array(json, "step_times_ns");
   return true;
 }
@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
   const bool integrity_ok = !o.no_data && e.integrity().ok() && !e.device_fault();
   const uint64_t peak = ms.device_peak;
   if (!budget) {
-    budget = static_cast<uint64_t>(json_number(stats, "budget_bytes"));
+    budget = json_u64(stats, "budget_bytes");
     if (!budget) budget = ms.device_capacity;
   }
   const uint64_t unconstrained = o.baseline_child ? peak : base.peak;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "trace/trace.h"
@@ -32,12 +33,18 @@ struct Options {
   int offload_layers = -1;         // layerwise: layers offloaded (-1: all but the last)
 };
 
+// The most layers the layerwise analysis cuts a step's forward into
+// (--layers, or the trace's meta): each step keeps one event index a layer.
+inline constexpr int kMaxLayers = 10000;
+
 // The trace loaded in memory, checked by trace::Reader, with what the
 // strategies need to know ahead of time.
 struct Analysis {
   std::string meta;
   std::vector<spillway::trace::Event> events;
-  std::vector<std::string> names;        // string id -> text
+  // String id -> text. A map: ids are any 64-bit number the trace gives (a
+  // vector indexed by id once grew to the largest id, 2^56 and more).
+  std::unordered_map<uint64_t, std::string> names;
   std::vector<uint8_t> phase;            // phase in force at each event
   std::vector<int64_t> step;             // step of each event (-1: set-up)
   uint64_t peak_live_bytes = 0;          // peak of the sum of requested sizes

@@ -1,0 +1,184 @@
+// spillway-replay's parsing in-process (harness/replay/args.*, analysis.cpp):
+// the command line, the JSON it reads back and the trace's meta. Each test
+// below is an input the fuzz targets found (fuzz/corpus/*/crash-*,
+// docs/reliability.md) or its nearest neighbour, and failed before its fix.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "replay.h"
+#include "trace/trace.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using replay::Args;
+
+Args parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "spillway-replay");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  return replay::parse_args(static_cast<int>(args.size()), argv.data());
+}
+
+// A trace file in the test's temporary folder, removed with the test.
+class TraceFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = (fs::temp_directory_path() /
+             ("replay_args_" + std::to_string(getpid()) + "_" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".spwt"))
+                .string();
+  }
+  void TearDown() override { fs::remove(path_); }
+  std::string path_;
+};
+
+TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
+  Args r = parse({"job.spwt", "--budget", "60%", "--steps", "3", "--layers", "12", "--strategy",
+                  "layerwise", "--no-data"});
+  ASSERT_EQ(r.action, Args::Action::kRun) << r.error;
+  EXPECT_EQ(r.options.trace, "job.spwt");
+  EXPECT_EQ(r.options.budget, "60%");
+  EXPECT_EQ(r.options.steps, 3);
+  EXPECT_EQ(r.options.layers, 12);
+  EXPECT_TRUE(r.options.no_data);
+  EXPECT_EQ(r.options.strategy, replay::Strategy::kLayerwise);
+  EXPECT_EQ(parse({"--help", "--steps", "x"}).action, Args::Action::kHelp);
+  r = parse({"--steps", "x", "--help"});
+  EXPECT_EQ(r.action, Args::Action::kBad);
+  EXPECT_EQ(r.error, "--steps 'x' is not an integer >= 0");
+  EXPECT_EQ(parse({"--json"}).error, "--json needs a value");
+  EXPECT_EQ(parse({}).error, "no trace given");
+}
+
+// Found by fuzz_replay_args: --layers 4294967295 became -1 layers (the int
+// it was cast to), 4294967297 one layer, and 2000000000 made the analysis
+// keep two billion event indices a step.
+TEST(ReplayArgs, LayersBeyondWhatTheAnalysisCutsAreRefused) {
+  for (const char* flag : {"--layers", "--offload-layers"}) {
+    for (const char* v : {"4294967295", "4294967297", "2147483648", "10001"}) {
+      const Args r = parse({"job.spwt", flag, v});
+      EXPECT_EQ(r.action, Args::Action::kBad) << flag << " " << v;
+      EXPECT_EQ(r.error, std::string(flag) + " '" + v + "' is not an integer from " +
+                             (flag[2] == 'l' ? "1" : "0") + " to 10000");
+    }
+    EXPECT_EQ(parse({"job.spwt", flag, "10000"}).action, Args::Action::kRun);
+  }
+  EXPECT_EQ(parse({"job.spwt", "--steps", "99999999999999999999"}).action, Args::Action::kBad);
+}
+
+TEST(ReplayArgs, BudgetIsASizeOrAPercentageOfThePeak) {
+  std::string error;
+  EXPECT_EQ(replay::parse_budget("60%", 1000, &error), 600u);
+  EXPECT_EQ(replay::parse_budget("1.5KiB", 0, &error), 1536u);
+  EXPECT_FALSE(replay::parse_budget("0%", 1000, &error));
+  EXPECT_EQ(error, "--budget '0%' is not a percentage in (0, 100]");
+  EXPECT_FALSE(replay::parse_budget("1%", 10, &error));
+  EXPECT_EQ(error, "--budget 1% is 0 bytes");
+  EXPECT_FALSE(replay::parse_budget("12parsecs", 10, &error));
+  EXPECT_EQ(error, "--budget '12parsecs' is not a size such as 40GiB or a percentage");
+}
+
+// Found by fuzz_replay_args: the number after a key went through a double
+// and a cast, undefined for "-1" or 1e30 (UBSan: float-cast-overflow).
+TEST(ReplayJson, NumbersAreUnsignedIntegersOrTheDefault) {
+  const std::string json =
+      R"({"a": 42, "b": -1, "c": 1e30, "d": 99999999999999999999, "e":"7", "f":)"
+      "\n 18446744073709551615}";
+  EXPECT_EQ(replay::json_u64(json, "a", 7), 42u);
+  EXPECT_EQ(replay::json_u64(json, "b", 7), 7u);
+  EXPECT_EQ(replay::json_u64(json, "c", 7), 1u);  // the digits before the exponent
+  EXPECT_EQ(replay::json_u64(json, "d", 7), 7u);
+  EXPECT_EQ(replay::json_u64(json, "e", 7), 7u);
+  EXPECT_EQ(replay::json_u64(json, "f", 7), UINT64_MAX);
+  EXPECT_EQ(replay::json_u64(json, "missing", 7), 7u);
+}
+
+// Found by fuzz_replay_args (a time-out): an array element that is not a
+// number left strtoull where it was, and the loop pushed zeros until memory
+// ran out. The child has two seconds (and, unsanitized, 2 GiB of address
+// space) to return.
+TEST(ReplayJson, ArraysStopAtTheFirstElementThatIsNotANumber) {
+  EXPECT_EQ(replay::json_array(R"({"s": [1,2, 3]})", "s"), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EXIT(
+      {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+        struct rlimit lim;
+        getrlimit(RLIMIT_AS, &lim);
+        lim.rlim_cur = 2ull << 30;  // far above this process, far below the runaway
+        setrlimit(RLIMIT_AS, &lim);
+#endif
+        alarm(2);
+        const auto a = replay::json_array(R"({"s": [4, x, 5], "t": [-1], "u": [1)", "s");
+        const auto t = replay::json_array(R"({"t": [-1, 2]})", "t");
+        const auto u = replay::json_array(R"({"u": [9, 99999999999999999999, 3]})", "u");
+        std::exit(a == std::vector<uint64_t>{4} && t.empty() && u == std::vector<uint64_t>{9} ? 0
+                                                                                              : 3);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+void write_trace(const std::string& path, const std::string& meta, uint64_t name_id) {
+  namespace tr = spillway::trace;
+  tr::Writer w;
+  ASSERT_TRUE(w.open(path, meta)) << w.error();
+  ASSERT_TRUE(w.string(name_id, "gemm"));
+  ASSERT_TRUE(w.alloc(1, 4096, 0, 0));
+  ASSERT_TRUE(w.step(0));
+  ASSERT_TRUE(w.phase(tr::PhaseKind::kForward));
+  const tr::TouchRec t{1, 0, 4096, tr::kModeWrite};
+  ASSERT_TRUE(w.launch(0, name_id, 10, std::span(&t, 1)));
+  ASSERT_TRUE(w.phase(tr::PhaseKind::kBackward));
+  const tr::TouchRec u{1, 0, 4096, tr::kModeRead};
+  ASSERT_TRUE(w.launch(0, name_id, 10, std::span(&u, 1)));
+  ASSERT_TRUE(w.free(1, 0));
+  ASSERT_TRUE(w.close()) << w.error();
+}
+
+// Found by fuzz_spwt: a STRING id is any 64-bit number, and the analysis
+// kept names in a vector indexed by id (2^56 of them for this one).
+TEST_F(TraceFile, StringIdsAreNamesNotIndices) {
+  const uint64_t id = uint64_t{1} << 60;
+  write_trace(path_, "{}", id);
+  replay::Analysis a;
+  std::string error;
+  ASSERT_TRUE(replay::analyze(path_, 0, a, error)) << error;
+  EXPECT_EQ(a.names.at(id), "gemm");
+  EXPECT_EQ(a.layers, 8);
+}
+
+// Found by fuzz_spwt: the meta's "layers" went through atoi() (2^32 + 1 gave
+// one layer) and any count was taken, each step keeping one event index a
+// layer (two billion of them, from a few bytes of meta).
+TEST_F(TraceFile, MetaLayersBeyondWhatTheAnalysisCutsAreRefused) {
+  replay::Analysis a;
+  std::string error;
+  write_trace(path_, R"({"layers": 12})", 1);
+  ASSERT_TRUE(replay::analyze(path_, 0, a, error)) << error;
+  EXPECT_EQ(a.layers, 12);
+  for (const char* meta : {R"({"layers": 10001})", R"({"num_layers": 4294967297})"}) {
+    write_trace(path_, meta, 1);
+    replay::Analysis b;
+    EXPECT_FALSE(replay::analyze(path_, 0, b, error)) << meta;
+    EXPECT_NE(error.find("offset 16: the meta's \"" +
+                         std::string(meta[2] == 'l' ? "layers" : "num_layers") + "\" is "),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("more than the 10000 layers"), std::string::npos) << error;
+  }
+  replay::Analysis c;
+  ASSERT_TRUE(replay::analyze(path_, 3, c, error)) << error;  // --layers wins over the meta
+  EXPECT_EQ(c.layers, 3);
+}
+
+}  // namespace
