@@ -1,5 +1,6 @@
 #include "size.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -24,29 +25,46 @@ size_t decimal_prefix(const std::string& text, double* value) {
 }
 
 std::optional<uint64_t> parse_bytes(const std::string& text) {
-  double v = 0;
-  const size_t used = decimal_prefix(text, &v);
-  if (used == 0 || !std::isfinite(v)) return std::nullopt;
-  std::string unit = text.substr(used);
-  static constexpr std::pair<const char*, double> kUnits[] = {{"", 1},
-                                                              {"B", 1},
-                                                              {"KiB", 1024.0},
-                                                              {"MiB", 1048576.0},
-                                                              {"GiB", 1073741824.0},
-                                                              {"TiB", 1099511627776.0},
-                                                              {"KB", 1e3},
-                                                              {"MB", 1e6},
-                                                              {"GB", 1e9},
-                                                              {"TB", 1e12}};
+  double unused = 0;
+  const size_t used = decimal_prefix(text, &unused);
+  if (used == 0) return std::nullopt;
+  const std::string unit = text.substr(used);
+  static constexpr std::pair<const char*, uint64_t> kUnits[] = {{"", 1},
+                                                                {"B", 1},
+                                                                {"KiB", uint64_t{1} << 10},
+                                                                {"MiB", uint64_t{1} << 20},
+                                                                {"GiB", uint64_t{1} << 30},
+                                                                {"TiB", uint64_t{1} << 40},
+                                                                {"KB", 1000},
+                                                                {"MB", 1000000},
+                                                                {"GB", 1000000000},
+                                                                {"TB", 1000000000000}};
+  constexpr uint64_t kLimit = 18000000000000000000u;  // 1.8e19, just under 2^64
   for (const auto& [name, mult] : kUnits) {
-    if (unit == name) {
-      double bytes = std::floor(v * mult);
-      if (bytes >= 1.8e19) return std::nullopt;
-      if (unit.empty() || unit == "B") {
-        if (v != std::floor(v)) return std::nullopt;  // fractional bytes
-      }
-      return static_cast<uint64_t>(bytes);
+    if (unit != name) continue;
+    // In integers: through a double, 1.001KB was 1000 bytes, 70.0000009107TB
+    // one byte short (docs/config.md: rounded down, from the exact value).
+    const size_t dot = std::min(text.find('.'), used);
+    uint64_t whole = 0;
+    for (size_t i = 0; i < dot; ++i) {
+      if (whole > (UINT64_MAX - 9) / 10) return std::nullopt;  // 1.8e19 and more
+      whole = whole * 10 + static_cast<uint64_t>(text[i] - '0');
     }
+    // The fraction times the unit, digit by digit from the last: what is
+    // carried out of the first is floor(fraction * mult), below mult.
+    uint64_t carry = 0;
+    bool fractional = false;
+    for (size_t i = used; i > dot + 1; --i) {
+      const auto d = static_cast<uint64_t>(text[i - 1] - '0');
+      fractional = fractional || d != 0;
+      carry = (d * mult + carry) / 10;
+    }
+    if (mult == 1 && fractional) return std::nullopt;  // fractional bytes
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(whole, mult, &bytes) || bytes + carry < bytes ||
+        bytes + carry >= kLimit)
+      return std::nullopt;
+    return bytes + carry;
   }
   return std::nullopt;
 }

@@ -388,6 +388,31 @@ TEST(ShimConfig, ParseBytesDirectly) {
   EXPECT_EQ(spillway::parse_bytes("-0"), std::nullopt);
 }
 
+// Found by fuzz_size (fuzz/corpus/size/crash-*, docs/reliability.md): a
+// fraction times its unit went through a double, which rounded 1.001KB down
+// to 1000 bytes and 70.0000009107TB one byte short. docs/config.md: rounded
+// down to whole bytes, from the exact value.
+TEST(ShimConfig, SizesAreRoundedDownFromTheirExactValue) {
+  EXPECT_EQ(spillway::parse_bytes("1.001KB"), 1001u);
+  EXPECT_EQ(spillway::parse_bytes("1.003KB"), 1003u);
+  EXPECT_EQ(spillway::parse_bytes("70.0000009107TB"), 70000000910700u);
+  EXPECT_EQ(spillway::parse_bytes("0.3GB"), 300000000u);
+  EXPECT_EQ(spillway::parse_bytes("0.0009765625KiB"), 1u);  // 2^-10 KiB
+  EXPECT_EQ(spillway::parse_bytes("0.0009765624KiB"), 0u);
+  EXPECT_EQ(spillway::parse_bytes("1.99999999999999999999999B"), std::nullopt);
+  EXPECT_EQ(spillway::parse_bytes("2.000000000000000000000000"), 2u);
+  EXPECT_EQ(spillway::parse_bytes("000000000000000000000000000001KiB"), 1024u);
+  // Up to just under 1.8e19 bytes, exactly.
+  EXPECT_EQ(spillway::parse_bytes("17999999999999999999"), 17999999999999999999u);
+  EXPECT_EQ(spillway::parse_bytes("18000000000000000000"), std::nullopt);
+  EXPECT_EQ(spillway::parse_bytes("16370904.631912708282470703124TiB"), 17999999999999999999u);
+  EXPECT_EQ(spillway::parse_bytes("16370904.631912708282470703125TiB"), std::nullopt);
+  EXPECT_EQ(spillway::parse_bytes("18446744073709551616"), std::nullopt);
+  EXPECT_EQ(spillway::parse_bytes("11111111111111111111"), 11111111111111111111u);
+  EXPECT_EQ(spillway::parse_bytes(std::string(400, '1')), std::nullopt);
+  EXPECT_EQ(spillway::parse_bytes(std::string(400, '1') + "KiB"), std::nullopt);
+}
+
 TEST(ShimConfig, FormatBytesIsWhatAPersonReads) {
   EXPECT_EQ(spillway::format_bytes(0), "0 B");
   EXPECT_EQ(spillway::format_bytes(1023), "1023 B");
