@@ -1,6 +1,6 @@
 // spillway-replay's parsing in-process (harness/replay/args.*, analysis.cpp):
-// the command line, the JSON it reads back and the trace's meta. Each test
-// below is an input the fuzz targets found (fuzz/corpus/*/crash-*,
+// the command line, the JSON it reads back and the trace's meta. A test
+// whose comment starts "Found" holds a bug's input (fuzz/corpus/*/crash-*,
 // docs/reliability.md) or its nearest neighbour, and failed before its fix.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -61,9 +61,10 @@ TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
   EXPECT_EQ(parse({}).error, "no trace given");
 }
 
-// Found by fuzz_replay_args: --layers 4294967295 became -1 layers (the int
-// it was cast to), 4294967297 one layer, and 2000000000 made the analysis
-// keep two billion event indices a step.
+// Found writing fuzz_replay_args's checks (layers >= 0), which then failed
+// on it: --layers 4294967295 became -1 layers (the int it was cast to),
+// 4294967297 one layer, and 2000000000 made the analysis keep two billion
+// event indices a step.
 TEST(ReplayArgs, LayersBeyondWhatTheAnalysisCutsAreRefused) {
   for (const char* flag : {"--layers", "--offload-layers"}) {
     for (const char* v : {"4294967295", "4294967297", "2147483648", "10001"}) {
@@ -157,9 +158,10 @@ TEST_F(TraceFile, StringIdsAreNamesNotIndices) {
   EXPECT_EQ(a.layers, 8);
 }
 
-// Found by fuzz_spwt: the meta's "layers" went through atoi() (2^32 + 1 gave
-// one layer) and any count was taken, each step keeping one event index a
-// layer (two billion of them, from a few bytes of meta).
+// Found reading analysis.cpp while writing fuzz_spwt (not by a run): the
+// meta's "layers" went through atoi() (2^32 + 1 gave one layer) and any
+// count was taken, each step keeping one event index a layer (two billion
+// of them, from a few bytes of meta).
 TEST_F(TraceFile, MetaLayersBeyondWhatTheAnalysisCutsAreRefused) {
   replay::Analysis a;
   std::string error;
