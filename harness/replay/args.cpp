@@ -10,24 +10,16 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "size.h"
+
 namespace replay {
 
 std::optional<uint64_t> parse_size(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0 || std::count(s.begin(), s.begin() + static_cast<long>(i), '.') > 1) return {};
-  const std::string num = s.substr(0, i), unit = s.substr(i);
-  static const std::pair<const char*, double> units[] = {
-      {"", 1},         {"B", 1},    {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
-      {"TiB", 0x1p40}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
-  for (const auto& [u, mul] : units) {
-    if (unit != u) continue;
-    if (mul == 1 && num.find('.') != std::string::npos) return {};
-    const double v = std::strtod(num.c_str(), nullptr) * mul;
-    if (!(v >= 1) || v >= 1.8e19) return {};
-    return static_cast<uint64_t>(v);
-  }
-  return {};
+  // The shim's parser (base/size.h), so that a size means the same to every
+  // tool; a size here is at least a byte.
+  const std::optional<uint64_t> n = spillway::parse_bytes(s);
+  if (!n || *n == 0) return std::nullopt;
+  return n;
 }
 
 Args parse_args(int argc, const char* const* argv) {
