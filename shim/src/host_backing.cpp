@@ -37,40 +37,40 @@ CUmemAllocationProp host_prop(const cu::Driver& d, int device) {
 // The host pieces' sizes (a granule multiple, as every block's cap).
 constexpr size_t kPiece = 64ull << 20;
 
-// The ranges of a block that hold live bytes, granule-aligned, in address
-// order, as `f(offset, bytes)`: of a block of one, its bytes from its start;
-// of a split block, its allocations' (neighbours merged). Only these get
-// host memory when it is evicted: a block taken for a smaller request, or a
-// split block with one small allocation left, would otherwise cost host
-// memory (created at 3.2 GB/s on an H200) for its whole capacity.
+// The ranges of a block that hold live bytes, as offsets [lo, hi) in address
+// order, each widened to a multiple of `align` (1: exact) within its
+// capacity: of a block of one, its bytes from its start; of a split block,
+// its allocations' (neighbours merged). `f(lo, hi)` returns a CUresult; the
+// first failure stops. Widened to granules they are what gets host memory
+// when the block is evicted: a block taken for a smaller request, or a split
+// block with one small allocation left, would otherwise cost host memory
+// (created at 3.2 GB/s on an H200) for its whole capacity.
 template <class F>
-void for_each_kept(const Block* b, size_t granule, F&& f) {
-  auto down = [&](size_t v) { return v / granule * granule; };
-  auto up = [&](size_t v) { return (v + granule - 1) / granule * granule; };
-  if (b->parts.empty()) {
-    if (const size_t n = std::min(up(b->size), b->cap)) f(size_t{0}, n);
-    return;
-  }
+CUresult for_each_live_range(const Block* b, size_t align, F&& f) {
+  auto down = [&](size_t v) { return v / align * align; };
+  auto up = [&](size_t v) { return std::min((v + align - 1) / align * align, b->cap); };
+  if (b->parts.empty()) return b->size ? f(size_t{0}, up(b->size)) : CUDA_SUCCESS;
   size_t lo = 0, hi = 0;
   for (const auto& [p, n] : b->parts) {
-    const size_t from = down(p - b->ptr), to = std::min(up(p - b->ptr + n), b->cap);
+    const size_t from = down(p - b->ptr), to = up(p - b->ptr + n);
     if (hi > lo && from > hi) {
-      f(lo, hi - lo);
+      if (CUresult r = f(lo, hi); r != CUDA_SUCCESS) return r;
       lo = from;
     } else if (hi == lo) {
       lo = from;
     }
     hi = std::max(hi, to);
   }
-  if (hi > lo) f(lo, hi - lo);
+  return hi > lo ? f(lo, hi) : CUDA_SUCCESS;
 }
 
 // The host pieces of a block, in address order, as `f(offset, bytes)`: each
 // kept range cut into whole pieces, then its rest.
 template <class F>
 void for_each_piece(const Block* b, size_t granule, F&& f) {
-  for_each_kept(b, granule, [&](size_t lo, size_t n) {
-    for (size_t off = 0; off < n; off += kPiece) f(lo + off, std::min(kPiece, n - off));
+  for_each_live_range(b, granule, [&](size_t lo, size_t hi) {
+    for (size_t off = lo; off < hi; off += kPiece) f(off, std::min(kPiece, hi - off));
+    return CUDA_SUCCESS;
   });
 }
 
@@ -418,7 +418,7 @@ class HostBacking final : public Backing {
   // The copies that move a block: its bytes from its start to `size`, or of
   // a split block its allocations' ranges alone (what its spare room holds is
   // dead), each cut at the host pieces' bounds (the pieces cover them all:
-  // for_each_kept). `copy(piece, offset in the piece, offset in the block,
+  // for_each_live_range). `copy(piece, offset in the piece, offset in the block,
   // bytes)`; stops at the first failure.
   template <class Copy>
   CUresult for_each_copy(const Block* b, Copy&& copy) {
@@ -432,20 +432,7 @@ class HostBacking final : public Backing {
       }
       return CUDA_SUCCESS;
     };
-    if (b->parts.empty()) return range(0, b->size);
-    // Parts in address order; neighbours merge into one copy.
-    size_t lo = 0, hi = 0;
-    for (const auto& [p, n] : b->parts) {
-      const size_t from = p - b->ptr, to = from + n;
-      if (hi > lo && from > hi) {
-        if (CUresult r = range(lo, hi); r != CUDA_SUCCESS) return r;
-        lo = from;
-      } else if (hi == lo) {
-        lo = from;
-      }
-      hi = std::max(hi, to);
-    }
-    return hi > lo ? range(lo, hi) : CUDA_SUCCESS;
+    return for_each_live_range(b, 1, range);
   }
 
   // kArriving -> kHost, its copy done: the device copy goes back to the

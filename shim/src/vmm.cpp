@@ -86,13 +86,16 @@ CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out, uintptr_
     if (CUresult r = CU_CALL(d_, cuMemCreate, out, size, &prop_, 0); r != CUDA_SUCCESS) return r;
     held_ += size;
     ++creates_;
-    uintptr_t stage = 0;
-    if (stage_on_create_)
-      if (CUresult r = this->stage(*out, size, &stage); r != CUDA_SUCCESS) {
+    uintptr_t at = 0;
+    if (stage_on_create_) {
+      if (CUresult r = stage(*out, size, &at); r != CUDA_SUCCESS) {
         held_ -= size;
         CU_CALL(d_, cuMemRelease, *out);
         return r;
       }
+    }
+    if (va) *va = at;
+    return CUDA_SUCCESS;
   }
   if (va) {
     auto s = stage_of_.find(*out);
