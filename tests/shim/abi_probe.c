@@ -8,20 +8,24 @@
  * the commands in order, printing one line on stdout for each. Pointers live
  * in slots named by one lowercase letter. Sizes are decimal bytes.
  *
- *   malloc S SIZE      spillway_malloc(SIZE, 0, NULL)    -> "malloc S PTR" or "malloc S null"
+ *   malloc S SIZE      spillway_malloc(SIZE, 0, NULL)  -> "malloc S PTR" or "malloc S null"
  *   free S SIZE        spillway_free(slot S, SIZE, 0, NULL) -> "free S PTR"
- *   free_unknown SIZE  frees 0x1000, never returned       -> "free_unknown 0x1000"
+ *   free_unknown SIZE  frees 0x1000, never returned -> "free_unknown 0x1000"
  *   free_inner S SIZE  frees slot S + 512 (inside a block) -> "free_inner S PTR"
- *   fill S SIZE SEED   writes a pattern with cuMemcpyHtoD  -> "fill S ok" or "fill S err CODE"
- *   check S SIZE SEED  reads it back with cuMemcpyDtoH    -> "check S ok",
+ *   fill S SIZE SEED   writes a pattern with cuMemcpyHtoD -> "fill S ok" or "fill S err CODE"
+ *   check S SIZE SEED  reads it back with cuMemcpyDtoH -> "check S ok",
  *                      "check S mismatch OFFSET" or "check S err CODE"
  *   sim_mem            the simulated driver's memory counters for device 0
- *                      (simcuda_get_memory_stats)        -> "sim_mem DEVICE_USED DEVICE_PEAK
- * HOST_USED" external BYTES     simcuda_set_external_usage(0, BYTES): device memory taken by
- * "another process"         -> "external ok" or "external err CODE" step spillway_mark_step() ->
- * "step" stats              spillway_stats_json                -> "stats JSON" stats_len
- * spillway_stats_json(NULL, 0)       -> "stats_len N" stats_trunc N      spillway_stats_json into
- * an N-byte buffer followed by 16 guard bytes -> "stats_trunc RET GUARD_INTACT TERMINATED CONTENT"
+ *                      (simcuda_get_memory_stats) -> "sim_mem DEVICE_USED DEVICE_PEAK HOST_USED"
+ *   external BYTES     simcuda_set_external_usage(0, BYTES): device memory
+ *                      taken by "another process" -> "external ok" or "external err CODE"
+ *   step               spillway_mark_step() -> "step"
+ *   stats              spillway_stats_json -> "stats JSON"
+ *   ahead MS           polls the statistics for up to MS ms until host memory
+ *                      was created ahead of evictions -> "ahead BYTES" (0: none)
+ *   stats_len          spillway_stats_json(NULL, 0) -> "stats_len N"
+ *   stats_trunc N      spillway_stats_json into an N-byte buffer followed by
+ *                      16 guard bytes -> "stats_trunc RET GUARD_INTACT TERMINATED CONTENT"
  *                      (GUARD_INTACT 1: nothing written past N bytes;
  *                      TERMINATED 1: a NUL within the N bytes; CONTENT: the
  *                      string, when terminated)
@@ -41,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef __typeof__(spillway_malloc)* malloc_fn;
 typedef __typeof__(spillway_free)* free_fn;
@@ -151,6 +156,25 @@ static void stats_trunc(size_t n) {
   free(buf);
 }
 
+/* Polls the statistics for up to `ms` milliseconds until the background
+   thread has created host memory ahead of evictions (SPILLWAY_HOST_RESERVE),
+   and returns how much (0: none in that time). */
+static unsigned long long wait_for_host_created_ahead(unsigned ms) {
+  static const char kKey[] = "\"host_bytes_created_ahead\":";
+  unsigned long long ahead = 0;
+  for (unsigned waited = 0;; waited += 5) {
+    size_t n = p_stats(NULL, 0);
+    char* buf = malloc(n + 1);
+    p_stats(buf, n + 1);
+    const char* at = strstr(buf, kKey);
+    ahead = at ? strtoull(at + sizeof kKey - 1, NULL, 10) : 0;
+    free(buf);
+    if (ahead > 0 || waited >= ms) return ahead;
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive an _Exit in the shim */
   if (argc < 2) return usage("usage: abi_probe LIB CMD ARGS...");
@@ -224,6 +248,10 @@ int main(int argc, char** argv) {
       p_stats(buf, n + 1);
       printf("stats %s\n", buf);
       free(buf);
+    } else if (strcmp(cmd, "ahead") == 0) {
+      if (!parse_size(a1, &size)) return usage("ahead MS");
+      printf("ahead %llu\n", wait_for_host_created_ahead((unsigned)size));
+      i += 1;
     } else if (strcmp(cmd, "stats_len") == 0) {
       printf("stats_len %zu\n", p_stats(NULL, 0));
     } else if (strcmp(cmd, "stats_trunc") == 0) {

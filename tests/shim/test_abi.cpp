@@ -542,6 +542,31 @@ TEST_F(ShimAbi, ResidentBytesStayWithinTheBudgetWhileTheLiveSetExceedsIt) {
   EXPECT_GE(host, 3 * kBlock);
 }
 
+// Once a job crosses its budget, host memory is created ahead of its next
+// evictions by default (half the GPU budget, whole 64 MiB pieces: one here),
+// and not at all with SPILLWAY_HOST_RESERVE=0; the bytes stay intact either way.
+TEST_F(ShimAbi, HostMemoryIsCreatedAheadByDefaultOnceTheBudgetIsCrossed) {
+  constexpr size_t kBlock = 4 * MiB;
+  std::vector<std::string> cmds;
+  for (char s : std::string("abcdef"))  // 24 MiB live under a 16 MiB budget
+    cmds.insert(cmds.end(), {"malloc", std::string(1, s), sz(kBlock), "fill", std::string(1, s),
+                             sz(kBlock), sz(s)});
+  for (char s : std::string("abcdef"))
+    cmds.insert(cmds.end(), {"check", std::string(1, s), sz(kBlock), sz(s)});
+  const std::vector<std::string> budget = {"SPILLWAY_GPU_BUDGET=16MiB"};
+  for (const bool reserve : {true, false}) {
+    std::vector<std::string> c = cmds, env = budget;
+    c.insert(c.end(), {"ahead", reserve ? "10000" : "200"});
+    if (!reserve) env.push_back("SPILLWAY_HOST_RESERVE=0");
+    Child r = probe(c, env);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    for (char s : std::string("abcdef"))
+      EXPECT_EQ(r.reply(std::string("check ") + s), std::string("check ") + s + " ok")
+          << r.describe();
+    EXPECT_EQ(r.reply("ahead "), reserve ? "ahead " + sz(64 * MiB) : "ahead 0") << r.describe();
+  }
+}
+
 // Host budget reached: no more evictions, the allocation returns NULL, the
 // resident set is logged, and no block loses a byte.
 TEST_F(ShimAbi, HostBudgetReachedReturnsNullAndLogsTheResidentSet) {
