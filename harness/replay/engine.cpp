@@ -624,11 +624,20 @@ uint64_t Engine::median_step_ns() const {
 }
 
 std::string Engine::shim_stats() {
-  const size_t n = stats_json_(nullptr, 0);
-  std::string s(n + 1, '\0');
-  stats_json_(s.data(), s.size());
-  s.resize(n);
-  return s;
+  if (!stats_json_) return {};  // init failed before the shim was loaded
+  // The mover may still change the counters between the two calls: the
+  // second says how long the text was, and a longer one is asked for again
+  // (a shorter one left NULs in the JSON, which the fault matrix found).
+  std::string s;
+  for (size_t n = stats_json_(nullptr, 0);;) {
+    s.assign(n + 1, '\0');
+    const size_t written = stats_json_(s.data(), s.size());
+    if (written <= n) {
+      s.resize(written);
+      return s;
+    }
+    n = written;
+  }
 }
 
 }  // namespace replay

@@ -96,6 +96,30 @@ std::string read_text(const std::string& p) {
   return ss.str();
 }
 
+// The driver entry points spillway calls on its own behalf (shim/src),
+// reported in the JSON with their call counts (base names: every version).
+constexpr const char* kCountedCalls[] = {"cuMemCreate",
+                                         "cuMemRelease",
+                                         "cuMemMap",
+                                         "cuMemSetAccess",
+                                         "cuMemUnmap",
+                                         "cuMemAddressReserve",
+                                         "cuMemAddressFree",
+                                         "cuMemcpyDtoDAsync",
+                                         "cuEventCreate",
+                                         "cuEventRecord",
+                                         "cuEventSynchronize",
+                                         "cuEventQuery",
+                                         "cuStreamCreate",
+                                         "cuStreamCreateWithPriority",
+                                         "cuStreamWaitEvent",
+                                         "cuStreamQuery",
+                                         "cuMemGetAllocationGranularity",
+                                         "cuDevicePrimaryCtxRetain",
+                                         "cuCtxSetCurrent",
+                                         "cuDeviceTotalMem",
+                                         "cuMemGetInfo"};
+
 struct Baseline {
   uint64_t peak = 0;
   uint64_t median_step_ns = 0;
@@ -131,8 +155,14 @@ bool run_baseline(const Options& o, const Analysis& a, Baseline& b) {
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
+  // Injected faults (SIMCUDA_FAIL) are for the run under test: the baseline
+  // is its yardstick and runs without them.
+  std::vector<char*> envp;
+  for (char** v = environ; *v; ++v)
+    if (std::strncmp(*v, "SIMCUDA_FAIL=", 13) != 0) envp.push_back(*v);
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return false;
+  if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0) return false;
   int status = 0;
   waitpid(pid, &status, 0);
   const std::string json = read_text(tmpl);
@@ -349,6 +379,7 @@ int main(int argc, char** argv) {
   j << "  \"steps_in_trace\": " << a.steps << ",\n";
   j << "  \"steps_completed\": " << steps << ",\n";
   j << "  \"oom\": " << (e.oom() ? "true" : "false") << ",\n";
+  if (!ran && !e.oom()) j << "  \"replay_error\": \"" << json_escape(e.error()) << "\",\n";
   if (e.oom()) j << "  \"oom_at\": \"" << json_escape(e.oom_what()) << "\",\n";
   j << "  \"integrity_ok\": " << (o.no_data ? "null" : integrity_ok ? "true" : "false") << ",\n";
   if (!integrity_ok && !o.no_data) {
@@ -387,6 +418,14 @@ int main(int argc, char** argv) {
   j << "  \"step_times_ns\": [";
   for (size_t i = 0; i < e.step_times().size(); ++i) j << (i ? "," : "") << e.step_times()[i];
   j << "],\n";
+  // How often the run called each driver entry point spillway uses, so
+  // that a fault can be injected at any one of those calls (SIMCUDA_FAIL;
+  // harness/faults/).
+  j << "  \"driver_calls\": {";
+  for (size_t i = 0; i < std::size(kCountedCalls); ++i)
+    j << (i ? ", " : "") << "\"" << kCountedCalls[i]
+      << "\": " << simcuda_call_count(kCountedCalls[i]);
+  j << "},\n";
   j << "  \"shim\": " << (stats.empty() ? "{}" : stats) << "\n}\n";
   if (!o.json_out.empty()) {
     std::ofstream out(o.json_out, std::ios::trunc);

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Fails, in turn, each driver entry point spillway calls, at its first call
+and at a later one, in a replay with every byte checked, and says what
+happened (issue 15 item 2; docs/reliability.md, "Driver failures").
+
+    fault_matrix.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
+        [--trace harness/traces/gpt_varlen.spwt] [--budget 40%] [--seed 1] [--out table.md]
+
+A clean run first gives each entry point's call count (the replayer's
+`driver_calls`). Then, for each entry point called at least once, one run
+with SIMCUDA_FAIL=NAME:1 and one with NAME:N, N drawn (seeded) from 2 to the
+count. Each run must end in one of:
+
+  goes on       the replay finished every step, every byte intact
+  OOM           spillway returned NULL to the job (an OOM PyTorch handles)
+                and every byte checked before it was intact
+  job's call    a call the job itself made failed (the replayer, like a
+                framework, stops with the driver's named error); spillway
+                lost nothing it was checked for
+
+and never in a crash, a hang (--timeout), lost bytes or a run that stops
+without a named reason. Exit status 0 when none did, 1 otherwise, 2 on a
+usage error. All times are the simulator's, and none is reported.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def run(args, fault, json_path):
+    env = dict(os.environ)
+    env.pop("SIMCUDA_FAIL", None)
+    if fault:
+        env["SIMCUDA_FAIL"] = fault
+    cmd = [args.replay, args.trace, "--budget", args.budget, "--shim", args.shim, "--json", json_path]
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None, None, "hang"
+    try:
+        with open(json_path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        d = None
+        p.stderr += f"\nfault_matrix: its JSON ({json_path}) did not load: {e}"
+    os.unlink(json_path) if os.path.exists(json_path) else None
+    return p, d, None
+
+
+def spillway_said(stderr):
+    """spillway's first warning or error, shortened: what a user would read."""
+    for line in stderr.splitlines():
+        if line.startswith("[spillway W]") or line.startswith("[spillway E]"):
+            line = re.sub(r"0x[0-9a-f]+", "ADDR", line)
+            return line[:150]
+    return ""
+
+
+def classify(p, d, why):
+    """(ok, outcome) for one run."""
+    if why == "hang":
+        return False, "HANG (no end within the timeout)"
+    if p.returncode < 0:
+        return False, f"CRASH (signal {-p.returncode})"
+    if p.returncode not in (0, 1):
+        return False, f"CRASH (exit status {p.returncode})"
+    if d is None:
+        return False, "STOPPED without its JSON"
+    if d.get("integrity_ok") is False:
+        return False, "LOST BYTES: " + str(d.get("first_mismatch", ""))[:100]
+    if d.get("oom"):
+        return True, "OOM returned to the job"
+    if d.get("replay_error"):
+        err = d["replay_error"]
+        if "CUDA_ERROR_" not in err and "cannot" not in err:
+            return False, "STOPPED without a named error: " + err[:100]
+        return True, "job's call failed: " + err[:80]
+    if d.get("steps_completed") != d.get("steps_in_trace"):
+        return False, "STOPPED early without a reason"
+    return True, "goes on, every byte intact"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replay", required=True)
+    ap.add_argument("--shim", required=True)
+    ap.add_argument("--trace", default=os.path.join(os.path.dirname(__file__), "..", "traces",
+                                                    "gpt_varlen.spwt"))
+    ap.add_argument("--budget", default="40%")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
+    ap.add_argument("--only", default="", help="comma-separated entry points (default: all called)")
+    ap.add_argument("--out", default="", help="also write the table here (markdown)")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="spw-faults-")
+    jp = os.path.join(tmp, "run.json")
+    p, d, why = run(args, "", jp)
+    ok, outcome = classify(p, d, why)
+    if not ok or d.get("oom") or d.get("integrity_ok") is not True:
+        print(f"fault_matrix: the clean run did not pass ({outcome}); stderr:\n"
+              f"{p.stderr if p else ''}", file=sys.stderr)
+        return 1
+    counts = d["driver_calls"]
+    only = [s for s in args.only.split(",") if s]
+    rng = random.Random(args.seed)
+    rows, failed = [], 0
+    for name, count in counts.items():
+        if only and name not in only:
+            continue
+        if count == 0:
+            rows.append((name, "-", "not called in this run", ""))
+            continue
+        nths = [1] + ([rng.randint(2, count)] if count >= 2 else [])
+        for n in nths:
+            p, d, why = run(args, f"{name}:{n}", jp)
+            ok, outcome = classify(p, d, why)
+            failed += not ok
+            said = spillway_said(p.stderr) if p else ""
+            rows.append((name, f"{n} of {count}", outcome if ok else "**" + outcome + "**", said))
+            print(f"{name}:{n} -> {outcome}", flush=True)
+            if not ok and p is not None:
+                print(f"  exit status {p.returncode}; the end of its stderr:\n" +
+                      "\n".join(p.stderr.splitlines()[-15:]), flush=True)
+    table = ["| entry point | failed call | outcome | what spillway logged first |",
+             "| --- | --- | --- | --- |"]
+    table += [f"| `{a}` | {b} | {c} | {e.replace('|', '/')} |" for a, b, c, e in rows]
+    text = "\n".join(table) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(f"fault_matrix: {len(rows)} rows, {failed} failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
