@@ -440,11 +440,15 @@ CUresult Allocator::take_device(size_t size, CUmemGenericAllocationHandle* h, bo
   std::function<size_t(size_t)> evict;
   if (o_.evict && evict_live)
     evict = [&](size_t want) { return evict_now(want, Cause::kPressure); };
+  bool retried = false;
   while (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // The device, not the budget, says whether a step freed enough: one step
     // at a time, then the caller's retry.
     const size_t got = cascade([&] { return size; }, size, evict, true);
-    if (got == 0) break;
+    if (got == 0 && retried) break;
+    // Nothing to free: the driver is asked once more (a failure it does
+    // not repeat, or memory another process gave back meanwhile).
+    retried = retried || got == 0;
     freed += got;
     r = dev_.take(size, h);
   }
@@ -495,10 +499,30 @@ uint64_t Allocator::evicting_bytes() const {
 }
 
 size_t Allocator::evict_now(size_t want, Cause cause) {
-  const uint64_t in_flight = evicting_bytes();
-  if (in_flight < want) start_evictions(choose_victims(want - in_flight), cause);
-  // Contract 1: device memory is given back only once its copy is done.
-  return finish_departed(want, true);
+  // A victim whose eviction failed (a driver error in its copy, its host
+  // memory or its swap) stays on the device with its bytes. Others are
+  // chosen in its place, each failed one held out until this call returns,
+  // so that a transient driver failure costs another victim, not an OOM
+  // (docs/reliability.md, "Driver failures").
+  std::vector<Block*> held_out;
+  size_t freed = 0;
+  for (int round = 0; round < 3 && freed < want; ++round) {
+    const uint64_t failures = s_.evictions_failed;
+    const uint64_t in_flight = evicting_bytes();
+    std::vector<Block*> victims;
+    if (in_flight < want - freed) victims = choose_victims(want - freed - in_flight);
+    start_evictions(victims, cause);
+    // Contract 1: device memory is given back only once its copy is done.
+    freed += finish_departed(want - freed, true);
+    if (s_.evictions_failed == failures) break;
+    for (Block* b : victims)
+      if (b->where == Block::Where::kDevice && b->holds == 0) {
+        ++b->holds;
+        held_out.push_back(b);
+      }
+  }
+  for (Block* b : held_out) --b->holds;
+  return freed;
 }
 
 std::vector<Block*> Allocator::start_evictions(const std::vector<Block*>& victims, Cause cause) {

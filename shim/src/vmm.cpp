@@ -154,14 +154,20 @@ size_t PhysPool::trim(size_t want, size_t keep) {
 
 CUresult map_rw(const cu::Driver& d, uintptr_t va, size_t size, CUmemGenericAllocationHandle h,
                 int device) {
-  CUresult r = CU_CALL(d, cuMemMap, va, size, 0, h, 0);
-  if (r != CUDA_SUCCESS) return r;
   CUmemAccessDesc acc{};
   acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   acc.location.id = device;
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = CU_CALL(d, cuMemSetAccess, va, size, &acc, 1);
-  if (r != CUDA_SUCCESS) CU_CALL(d, cuMemUnmap, va, size);
+  // Tried twice: a failure the driver does not repeat then costs a call,
+  // not an allocation or a swap (docs/reliability.md, "Driver failures").
+  CUresult r = CUDA_SUCCESS;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    r = CU_CALL(d, cuMemMap, va, size, 0, h, 0);
+    if (r != CUDA_SUCCESS) continue;
+    r = CU_CALL(d, cuMemSetAccess, va, size, &acc, 1);
+    if (r == CUDA_SUCCESS) break;
+    CU_CALL(d, cuMemUnmap, va, size);
+  }
   return r;
 }
 

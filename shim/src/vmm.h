@@ -140,7 +140,7 @@ class PhysPool {
 };
 
 // cuMemMap + cuMemSetAccess (read/write for `device`); undoes the map if
-// access cannot be granted.
+// access cannot be granted, and tries the pair once more if either failed.
 CUresult map_rw(const cu::Driver& d, uintptr_t va, size_t size, CUmemGenericAllocationHandle h,
                 int device);
 
