@@ -35,9 +35,11 @@ import tempfile
 def run(args, fault, json_path):
     env = dict(os.environ)
     env.pop("SIMCUDA_FAIL", None)
+    env.update(getattr(args, "env", {}))
     if fault:
         env["SIMCUDA_FAIL"] = fault
     cmd = [args.replay, args.trace, "--budget", args.budget, "--shim", args.shim, "--json", json_path]
+    cmd += getattr(args, "extra", [])
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:

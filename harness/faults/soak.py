@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""A randomized soak of spillway on the simulated GPU (issue 15 item 5;
+docs/reliability.md, "The soak").
+
+    soak.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
+        --jobs 20 [--seed 1] [--traces gpt_varlen,resnet50,vit_b16] [--log soak.jsonl]
+
+Each job is one replay, every byte checked, with its own draw (seeded by
+--seed and the job's number, so any job reruns alone with --first N
+--jobs 1): a committed trace, its sizes scaled by 1, 2 or 3 (allocations,
+touches and copies alike, so every access stays inside its allocation), a
+budget of 20-100% of its peak, the simulator's jitter on or off
+(SIMCUDA_JITTER, a seed), and in about a third of the jobs one injected
+driver failure (SIMCUDA_FAIL, an entry point spillway calls at a call
+number up to 300). Each job must end as fault_matrix.py requires (goes on,
+OOM, or the job's own call failed with a named error, never a crash, a hang,
+lost bytes) and, unless it ran out of memory, within its budget.
+
+Prints one line per job and a summary; exit status 0 when every job
+passed, 1 otherwise (each failure with the command that reproduces it).
+All times are the simulator's and none is reported.
+"""
+import argparse
+import json
+import os
+import random
+import shlex
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fault_matrix  # noqa: E402
+import spillway_trace as st  # noqa: E402
+
+TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "traces")
+# Entry points spillway calls on its own behalf with counts in the hundreds
+# in a short replay (fault_matrix.py's table).
+FAULTS = ["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+          "cuMemcpyDtoDAsync", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
+          "cuStreamWaitEvent"]
+
+
+def scaled(trace, k, cache):
+    """`trace` with every size, offset and length multiplied by k (cached)."""
+    if k == 1:
+        return trace
+    out = os.path.join(cache, f"{os.path.basename(trace)}.x{k}.spwt")
+    if os.path.exists(out):
+        return out
+    meta, records = st.read(trace)
+    meta = dict(meta, soak_scale=k)
+    with st.Writer(out, meta) as w:
+        for r in records:
+            if isinstance(r, st.Alloc):
+                r = r._replace(size=r.size * k)
+            elif isinstance(r, st.Launch):
+                r = r._replace(touches=tuple(t._replace(offset=t.offset * k, length=t.length * k)
+                                             for t in r.touches))
+            elif isinstance(r, st.Copy):
+                r = r._replace(bytes=r.bytes * k, dst=st.Ref(r.dst[0], r.dst[1] * k),
+                               src=st.Ref(r.src[0], r.src[1] * k))
+            w.write(r)
+    return out
+
+
+def draw(seed, job, traces):
+    rng = random.Random(seed * 1_000_003 + job)
+    trace = rng.choice(traces)
+    # The larger traces' steps cost seconds each with every byte checked.
+    steps = None if trace == "gpt_varlen" else rng.choice([2, 3])
+    return {
+        "trace": trace,
+        "scale": rng.choice([1, 1, 2, 3]) if trace == "gpt_varlen" else rng.choice([1, 2]),
+        "budget": f"{rng.randint(20, 100)}%",
+        "jitter": rng.choice([0, rng.randint(1, 1 << 30)]),
+        "fault": (f"{rng.choice(FAULTS)}:{rng.randint(1, 300)}" if rng.random() < 1 / 3 else ""),
+        "steps": steps,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replay", required=True)
+    ap.add_argument("--shim", required=True)
+    ap.add_argument("--jobs", type=int, default=20)
+    ap.add_argument("--first", type=int, default=0, help="number of the first job")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--traces", default="gpt_varlen,gpt_varlen,resnet50,vit_b16",
+                    help="committed traces to draw from (repeat one to draw it more often)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a job may take")
+    ap.add_argument("--log", default="", help="one JSON line per job here")
+    args = ap.parse_args()
+    traces = [t for t in args.traces.split(",") if t]
+    cache = tempfile.mkdtemp(prefix="spw-soak-")
+    log = open(args.log, "a") if args.log else None
+    outcomes, failures = {}, []
+    start = time.time()
+    for job in range(args.first, args.first + args.jobs):
+        d = draw(args.seed, job, traces)
+        path = scaled(os.path.join(TRACES, d["trace"] + ".spwt"), d["scale"], cache)
+        extra = ["--steps", str(d["steps"])] if d["steps"] else []
+        env = {"SIMCUDA_JITTER": str(d["jitter"])} if d["jitter"] else {}
+        p, res, why = fault_matrix.run(
+            argparse.Namespace(replay=args.replay, trace=path, budget=d["budget"], shim=args.shim,
+                               timeout=args.timeout, extra=extra, env=env),
+            d["fault"], os.path.join(cache, "run.json"))
+        ok, outcome = fault_matrix.classify(p, res, why)
+        if ok and res and not res.get("oom") and res.get("within_budget") is False:
+            ok, outcome = False, "OVER BUDGET: peak %d > budget %d" % (
+                res.get("peak_device_bytes", 0), res.get("budget_bytes", 0))
+        key = outcome.split(":")[0]
+        outcomes[key] = outcomes.get(key, 0) + 1
+        line = f"job {job}: {d['trace']} x{d['scale']} at {d['budget']}" + \
+            (f", jitter {d['jitter']}" if d["jitter"] else "") + \
+            (f", fail {d['fault']}" if d["fault"] else "") + f" -> {outcome}"
+        print(line, flush=True)
+        if log:
+            log.write(json.dumps(dict(d, job=job, ok=ok, outcome=outcome)) + "\n")
+            log.flush()
+        if not ok:
+            failures.append((job, line))
+            if p is not None:
+                print("  the end of its stderr:\n" + "\n".join(p.stderr.splitlines()[-15:]))
+    print(f"soak: {args.jobs} jobs in {time.time() - start:.0f} s (wall), "
+          + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())) + f"; {len(failures)} failed")
+    for job, line in failures:
+        print(f"  rerun: {shlex.join([sys.executable] + sys.argv[:1])} --replay {args.replay} "
+              f"--shim {args.shim} --seed {args.seed} --traces {args.traces} --first {job} --jobs 1"
+              f"   # {line}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
