@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "access.h"
+#include "json.h"
 #include "signal_mask.h"
 #include "spillway_version.h"
 
@@ -56,27 +57,6 @@ const char* copy_kind_name(uint8_t k) {
     default:
       return "unknown";
   }
-}
-
-// A JSON string body: quotes, backslashes and control characters escaped,
-// cut at kMaxName bytes.
-std::string json_escape(const char* s) {
-  std::string out;
-  if (!s) return out;
-  for (size_t i = 0; s[i] && i < kMaxName; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
 }
 
 bool write_all(int fd, const char* p, size_t n) {
@@ -443,7 +423,7 @@ void ChromeTrace::emit_transfer(const HostEvent& t, const cupti::DeviceRecord* r
   if (t.for_correlation)
     std::snprintf(for_corr, sizeof for_corr, ",\"for_correlation\":%u", t.for_correlation);
   std::string site;  // cut at kMaxName, as kernel names: the line stays within its buffer
-  if (t.site) site = ",\"site\":\"" + json_escape(t.site) + "\"";
+  if (t.site) site = ",\"site\":\"" + json_escape(t.site, kMaxName) + "\"";
   const std::string s = ts(start), d = ts(base_ + (end - start));
   line("{\"name\":\"%s (%s)\",\"cat\":\"spillway\",\"ph\":\"X\",\"pid\":%u,\"tid\":%" PRIu64
        ",\"ts\":%s,\"dur\":%s,\"args\":{\"block\":\"%s\",\"bytes\":%" PRIu64
@@ -476,7 +456,7 @@ void ChromeTrace::emit_record(const cupti::DeviceRecord& r) {
   const std::string s = ts(r.start), d = ts(base_ + (std::max(r.end, r.start) - r.start));
   switch (r.kind) {
     case cupti::DeviceRecord::Kind::kKernel: {
-      const std::string name = json_escape(r.name ? r.name : "kernel");
+      const std::string name = json_escape(r.name ? r.name : "kernel", kMaxName);
       line(
           "{\"name\":\"%s\",\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":%u,\"tid\":%u,\"ts\":%s,"
           "\"dur\":%s,\"args\":{\"correlation\":%u,\"grid\":[%d,%d,%d],\"block\":[%d,%d,%d],"

@@ -23,6 +23,7 @@
 #include "args.h"
 #include "engine.h"
 #include "ideal.h"
+#include "json.h"
 #include "replay.h"
 #include "spillway_version.h"
 
@@ -32,6 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace replay;
+using spillway::json_escape;
 
 constexpr const char* kUsage =
     "usage: spillway-replay TRACE [--budget SIZE|PCT%] [--device-memory SIZE]\n"
@@ -215,21 +217,6 @@ uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget, cons
   if (lb.empty()) return 0;
   std::sort(lb.begin(), lb.end());
   return lb[lb.size() / 2];
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-      continue;
-    }
-    o += c;
-  }
-  return o;
 }
 
 void write_chrome_trace(const std::string& path, Engine& e, const Options& o) {

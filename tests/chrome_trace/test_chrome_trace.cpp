@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "chrome_trace.h"
+#include "json.h"
 
 extern char** environ;
 
@@ -214,6 +215,19 @@ class ChromeTraceRun : public ::testing::Test {
 
   std::string dir_, trace_;
 };
+
+// The one escape of every JSON spillway writes by hand (base/json.h): any
+// name stays a valid JSON string body.
+TEST(JsonEscape, QuotesBackslashesAndControlCharactersAreEscaped) {
+  using spillway::json_escape;
+  EXPECT_EQ(json_escape("plain_kernel<float>"), "plain_kernel<float>");
+  EXPECT_EQ(json_escape(R"(a"b\c)"), R"(a\"b\\c)");
+  EXPECT_EQ(json_escape(std::string("t\tab\nnl\x01\x1f", 9)), "t\\u0009ab\\u000anl\\u0001\\u001f");
+  EXPECT_EQ(json_escape(std::string("nul\0in", 6)), "nul\\u0000in");
+  EXPECT_EQ(json_escape("caf\xc3\xa9"), "caf\xc3\xa9") << "UTF-8 passes unchanged";
+  EXPECT_EQ(json_escape("abcdef", 3), "abc") << "cut at max bytes of the input";
+  EXPECT_EQ(json_escape("\"\"", 1), "\\\"");
+}
 
 TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
   std::string stats;
