@@ -89,8 +89,7 @@ CUresult PhysPool::take(size_t size, CUmemGenericAllocationHandle* out, uintptr_
     uintptr_t at = 0;
     if (stage_on_create_) {
       if (CUresult r = stage(*out, size, &at); r != CUDA_SUCCESS) {
-        held_ -= size;
-        CU_CALL(d_, cuMemRelease, *out);
+        drop(*out, size);
         return r;
       }
     }
@@ -128,12 +127,27 @@ bool PhysPool::release(CUmemGenericAllocationHandle h, size_t size) {
     stage_in_->give(s->second, size);
     stage_of_.erase(s);
   }
-  CU_CALL(d_, cuMemRelease, h);
-  return true;
+  return drop(h, size);
+}
+
+bool PhysPool::drop(CUmemGenericAllocationHandle h, size_t size) {
+  if (CU_CALL(d_, cuMemRelease, h) == CUDA_SUCCESS) {
+    held_ -= size;
+    return true;
+  }
+  // The driver still holds it: it stays counted, so that the budget sees
+  // it, and is released at the next trim (docs/reliability.md).
+  unreleased_.emplace_back(h, size);
+  return false;
 }
 
 size_t PhysPool::trim(size_t want, size_t keep) {
   size_t freed = 0;
+  // Handles whose release the driver refused before: tried again first.
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> retry;
+  retry.swap(unreleased_);
+  for (auto [h, size] : retry)
+    if (drop(h, size)) freed += size;
   for (auto it = free_.begin(); it != free_.end() && freed < want;) {
     auto& v = it->second;
     const size_t floor = it->first == keep ? 1 : 0;
@@ -141,11 +155,8 @@ size_t PhysPool::trim(size_t want, size_t keep) {
       const CUmemGenericAllocationHandle h = v.back();
       v.pop_back();
       pooled_ -= it->first;
-      // One that cannot go stays held (counted) but is never reused.
-      if (release(h, it->first)) {
-        freed += it->first;
-        held_ -= it->first;
-      }
+      // One that cannot go stays held (counted): see release().
+      if (release(h, it->first)) freed += it->first;
     }
     it = v.empty() ? free_.erase(it) : std::next(it);
   }

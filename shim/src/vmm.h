@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "driver.h"
@@ -125,8 +126,11 @@ class PhysPool {
 
  private:
   // Gives up a handle: its staging mapping, then the handle. False (and the
-  // handle kept) if the mapping cannot be undone.
+  // handle kept, counted in held()) if the mapping cannot be undone or the
+  // driver refuses the release (then retried at the next trim).
   bool release(CUmemGenericAllocationHandle h, size_t size);
+  // cuMemRelease; a refused one goes to `unreleased_`, still counted.
+  bool drop(CUmemGenericAllocationHandle h, size_t size);
 
   const cu::Driver& d_;
   CUmemAllocationProp prop_;
@@ -135,6 +139,7 @@ class PhysPool {
   bool stage_on_create_;
   std::unordered_map<size_t, std::vector<CUmemGenericAllocationHandle>> free_;
   std::unordered_map<CUmemGenericAllocationHandle, uintptr_t> stage_of_;  // staged handles
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> unreleased_;
   size_t held_ = 0, pooled_ = 0;
   uint64_t creates_ = 0;
 };

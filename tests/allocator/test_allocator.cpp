@@ -695,6 +695,30 @@ TEST_F(AllocatorTest, AFailureTheDriverDoesNotRepeatCostsNoAllocation) {
   simcuda_clear_faults();
 }
 
+// A handle whose release the driver refuses is still device memory: it
+// stays counted against the budget and is released at the next trim (the
+// soak found the budget crossed by a block after one refused cuMemRelease).
+TEST_F(AllocatorTest, AHandleTheDriverWouldNotReleaseStaysInTheBudget) {
+  constexpr uint64_t kBudget = 16 * MiB;
+  auto a = make(kBudget);
+  void* p = a->malloc(8 * MiB, nullptr);
+  ASSERT_NE(nullptr, p);
+  a->free(p, 8 * MiB, nullptr);  // cached: its handle is released for the next one
+  ASSERT_CU(simcuda_fail_call("cuMemRelease", 1, 0, CUDA_ERROR_INVALID_VALUE));
+  const uint64_t releases = simcuda_call_count("cuMemRelease");
+  void* q = a->malloc(12 * MiB, nullptr);
+  ASSERT_NE(nullptr, q);
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(0, &ms);
+  EXPECT_LE(ms.device_used, kBudget) << "the refused handle was left out of the budget";
+  EXPECT_EQ(releases + 2, simcuda_call_count("cuMemRelease")) << "refused once, then released";
+  fill(q, 12 * MiB, 5, nullptr);
+  check(q, 12 * MiB, 5, nullptr);
+  EXPECT_EQ(0u, mismatches());
+  simcuda_clear_faults();
+  a->free(q, 12 * MiB, nullptr);
+}
+
 TEST_F(AllocatorTest, RepeatedStepNeedsNoNewPhysicalMemory) {
   for (uint64_t budget : {uint64_t{0}, uint64_t{12 * MiB}}) {
     auto a = make(budget);
