@@ -187,10 +187,6 @@ uint64_t default_host_budget(uint64_t host_total) {
   return host_total / 2;
 }
 
-uint64_t default_host_reserve(uint64_t gpu_budget) {
-  return gpu_budget / 2;
-}
-
 // A plain decimal number at the start of `text` ("12", "1.5"): no sign, no
 // space, no exponent, no hexadecimal. Returns the characters it used (0: none).
 size_t edit_distance(const std::string& a, const std::string& b) {

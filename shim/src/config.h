@@ -48,10 +48,6 @@ struct Config {
 // when SPILLWAY_GPU_BUDGET is unset: the larger of 1 GiB and 5% of the device.
 uint64_t default_gpu_budget(uint64_t device_total);
 uint64_t default_host_budget(uint64_t host_total);
-// Host memory kept created ahead of evictions once the GPU budget is crossed
-// when SPILLWAY_HOST_RESERVE is unset: half the GPU budget, the value measured
-// on an H100 (docs/gpu.md, runs 11-14).
-uint64_t default_host_reserve(uint64_t gpu_budget);
 
 // A file path from the configuration with `{rank}` replaced by the
 // process's rank (RANK, else LOCAL_RANK, else 0: what torchrun sets) and

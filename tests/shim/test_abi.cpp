@@ -543,9 +543,9 @@ TEST_F(ShimAbi, ResidentBytesStayWithinTheBudgetWhileTheLiveSetExceedsIt) {
 }
 
 // Once a job crosses its budget, host memory is created ahead of its next
-// evictions by default (half the GPU budget, whole 64 MiB pieces: one here),
-// and not at all with SPILLWAY_HOST_RESERVE=0; the bytes stay intact either way.
-TEST_F(ShimAbi, HostMemoryIsCreatedAheadByDefaultOnceTheBudgetIsCrossed) {
+// evictions when SPILLWAY_HOST_RESERVE asks (50%: whole 64 MiB pieces, one
+// here), and not at all by default; the bytes stay intact either way.
+TEST_F(ShimAbi, HostMemoryIsCreatedAheadOnlyWhenAskedForOnceTheBudgetIsCrossed) {
   constexpr size_t kBlock = 4 * MiB;
   std::vector<std::string> cmds;
   for (char s : std::string("abcdef"))  // 24 MiB live under a 16 MiB budget
@@ -557,7 +557,7 @@ TEST_F(ShimAbi, HostMemoryIsCreatedAheadByDefaultOnceTheBudgetIsCrossed) {
   for (const bool reserve : {true, false}) {
     std::vector<std::string> c = cmds, env = budget;
     c.insert(c.end(), {"ahead", reserve ? "10000" : "200"});
-    if (!reserve) env.push_back("SPILLWAY_HOST_RESERVE=0");
+    if (reserve) env.push_back("SPILLWAY_HOST_RESERVE=50%");
     Child r = probe(c, env);
     ASSERT_EQ(r.exit_code, 0) << r.describe();
     for (char s : std::string("abcdef"))

@@ -226,7 +226,7 @@ TEST(ShimConfig, BudgetPercentagesAccepted) {
 }
 
 // SPILLWAY_HOST_RESERVE: a size, 0 for none, or a percentage of the GPU
-// budget; unset, the runtime takes default_host_reserve (half the budget).
+// budget; unset, none (the runtime's default).
 TEST(ShimConfig, HostReserveTakesASizeZeroOrAShareOfTheGpuBudget) {
   EXPECT_FALSE(accepted("SPILLWAY_MODE", "host").host_reserve.set);
   EXPECT_EQ(accepted("SPILLWAY_HOST_RESERVE", "8GiB").host_reserve.resolve(40 * GiB), 8 * GiB);
@@ -352,12 +352,6 @@ TEST(ShimConfig, UnknownNameRefusedEvenAmongValidOnes) {
   Parsed p = parse({"SPILLWAY_GPU_BUDGET=40GiB", "SPILLWAY_GPU_BUGDET=20GiB"});
   EXPECT_FALSE(p.cfg.has_value());
   EXPECT_NE(p.error.find("did you mean SPILLWAY_GPU_BUDGET?"), std::string::npos) << p.error;
-}
-
-TEST(ShimConfig, DefaultHostReserveIsHalfTheGpuBudget) {
-  EXPECT_EQ(spillway::default_host_reserve(40 * GiB), 20 * GiB);
-  EXPECT_EQ(spillway::default_host_reserve(3 * GiB), 1536 * MiB);
-  EXPECT_EQ(spillway::default_host_reserve(0), 0u);  // SPILLWAY_MODE=off: no budget, no reserve
 }
 
 TEST(ShimConfig, DefaultGpuBudgetLeavesTheLargerOf1GiBAnd5Percent) {
