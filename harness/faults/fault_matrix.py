@@ -32,16 +32,16 @@ import sys
 import tempfile
 
 
-def run(args, fault, json_path):
+def run(replay, shim, trace, budget, timeout, fault, json_path, extra=(), env_add=None):
+    """One replay with `fault` (a SIMCUDA_FAIL spec, "" for none): (process, JSON, why)."""
     env = dict(os.environ)
     env.pop("SIMCUDA_FAIL", None)
-    env.update(getattr(args, "env", {}))
+    env.update(env_add or {})
     if fault:
         env["SIMCUDA_FAIL"] = fault
-    cmd = [args.replay, args.trace, "--budget", args.budget, "--shim", args.shim, "--json", json_path]
-    cmd += getattr(args, "extra", [])
+    cmd = [replay, trace, "--budget", budget, "--shim", shim, "--json", json_path, *extra]
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, None, "hang"
     try:
@@ -102,7 +102,10 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="spw-faults-")
     jp = os.path.join(tmp, "run.json")
-    p, d, why = run(args, "", jp)
+    def run_with(fault):
+        return run(args.replay, args.shim, args.trace, args.budget, args.timeout, fault, jp)
+
+    p, d, why = run_with("")
     ok, outcome = classify(p, d, why)
     if not ok or d.get("oom") or d.get("integrity_ok") is not True:
         print(f"fault_matrix: the clean run did not pass ({outcome}); stderr:\n"
@@ -120,7 +123,7 @@ def main():
             continue
         nths = [1] + ([rng.randint(2, count)] if count >= 2 else [])
         for n in nths:
-            p, d, why = run(args, f"{name}:{n}", jp)
+            p, d, why = run_with(f"{name}:{n}")
             ok, outcome = classify(p, d, why)
             failed += not ok
             said = spillway_said(p.stderr) if p else ""

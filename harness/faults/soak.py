@@ -102,10 +102,8 @@ def main():
         path = scaled(os.path.join(TRACES, d["trace"] + ".spwt"), d["scale"], cache)
         extra = ["--steps", str(d["steps"])] if d["steps"] else []
         env = {"SIMCUDA_JITTER": str(d["jitter"])} if d["jitter"] else {}
-        p, res, why = fault_matrix.run(
-            argparse.Namespace(replay=args.replay, trace=path, budget=d["budget"], shim=args.shim,
-                               timeout=args.timeout, extra=extra, env=env),
-            d["fault"], os.path.join(cache, "run.json"))
+        p, res, why = fault_matrix.run(args.replay, args.shim, path, d["budget"], args.timeout,
+                                       d["fault"], os.path.join(cache, "run.json"), extra, env)
         ok, outcome = fault_matrix.classify(p, res, why)
         if ok and res and not res.get("oom") and res.get("within_budget") is False:
             ok, outcome = False, "OVER BUDGET: peak %d > budget %d" % (

@@ -144,10 +144,12 @@ bool PhysPool::drop(CUmemGenericAllocationHandle h, size_t size) {
 size_t PhysPool::trim(size_t want, size_t keep) {
   size_t freed = 0;
   // Handles whose release the driver refused before: tried again first.
-  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> retry;
-  retry.swap(unreleased_);
-  for (auto [h, size] : retry)
-    if (drop(h, size)) freed += size;
+  if (!unreleased_.empty()) {
+    std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> retry;
+    retry.swap(unreleased_);
+    for (auto [h, size] : retry)
+      if (drop(h, size)) freed += size;
+  }
   for (auto it = free_.begin(); it != free_.end() && freed < want;) {
     auto& v = it->second;
     const size_t floor = it->first == keep ? 1 : 0;

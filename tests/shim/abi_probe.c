@@ -156,6 +156,14 @@ static void stats_trunc(size_t n) {
   free(buf);
 }
 
+/* The statistics JSON, malloc'ed (the caller frees it). */
+static char* stats_text(void) {
+  size_t n = p_stats(NULL, 0);
+  char* buf = malloc(n + 1);
+  p_stats(buf, n + 1);
+  return buf;
+}
+
 /* Polls the statistics for up to `ms` milliseconds until the background
    thread has created host memory ahead of evictions (SPILLWAY_HOST_RESERVE),
    and returns how much (0: none in that time). */
@@ -163,9 +171,7 @@ static unsigned long long wait_for_host_created_ahead(unsigned ms) {
   static const char kKey[] = "\"host_bytes_created_ahead\":";
   unsigned long long ahead = 0;
   for (unsigned waited = 0;; waited += 5) {
-    size_t n = p_stats(NULL, 0);
-    char* buf = malloc(n + 1);
-    p_stats(buf, n + 1);
+    char* buf = stats_text();
     const char* at = strstr(buf, kKey);
     ahead = at ? strtoull(at + sizeof kKey - 1, NULL, 10) : 0;
     free(buf);
@@ -243,9 +249,7 @@ int main(int argc, char** argv) {
       p_step();
       printf("step\n");
     } else if (strcmp(cmd, "stats") == 0) {
-      size_t n = p_stats(NULL, 0);
-      char* buf = malloc(n + 1);
-      p_stats(buf, n + 1);
+      char* buf = stats_text();
       printf("stats %s\n", buf);
       free(buf);
     } else if (strcmp(cmd, "ahead") == 0) {
