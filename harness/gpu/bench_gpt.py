@@ -69,6 +69,34 @@ def budget_label(entry):
     return f"spillway-{entry}" if isinstance(entry, str) else f"spillway-{entry:g}%"
 
 
+def budget_runs(args, peak):
+    """(label, spillway environment) of each budgeted run, in the order they run: interleaved
+    (A B A B, not A A B B) so that a drift of the machine over the call falls on no one variant."""
+    runs = []
+    for rep in range(1, args.repeat + 1):
+        for entry in args.budgets:
+            for variant in [None] + args.variants:
+                label = budget_label(entry)
+                env = {"SPILLWAY_GPU_BUDGET": str(budget_bytes(entry, peak))}
+                if variant:
+                    label += "+" + variant[0].removeprefix("SPILLWAY_") + "=" + variant[1]
+                    env[variant[0]] = variant[1]
+                if args.repeat > 1:
+                    label += f"-r{rep}"
+                runs.append((label, env))
+    return runs
+
+
+def positive_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': expected a whole number of at least 1")
+    return v
+
+
 def parse_setting(text):
     """A --set entry: a spillway variable and its value, e.g. SPILLWAY_PLAN=off (the budget and
     mode are bench_gpt's own)."""
@@ -99,6 +127,14 @@ def parse_args(argv=None):
                    metavar="VARIABLE=VALUE",
                    help="a spillway setting for every spillway run (repeatable), e.g. "
                         "SPILLWAY_HOST_RESERVE=100%%; the runs' environment is otherwise cleared of SPILLWAY_*")
+    p.add_argument("--variant", dest="variants", action="append", default=[], type=parse_setting,
+                   metavar="VARIABLE=VALUE",
+                   help="run each budget a second time with this setting added (repeatable: one "
+                        "more run per variant), so that both share one baseline, e.g. "
+                        "SPILLWAY_HOST_RESERVE=50%%")
+    p.add_argument("--repeat", type=positive_int, default=1,
+                   help="run the budgets (and their variants) this many times, interleaved, to show "
+                        "the spread between runs (default 1)")
     g = p.add_argument_group("model (harness/models/gpt_varlen.py)")
     g.add_argument("--batch", type=int, default=4)
     g.add_argument("--vocab", type=int, default=32000)
@@ -338,9 +374,8 @@ def main(argv=None):
     if not peak:
         print(f"bench_gpt: the {args.budget_of} run gave no peak; budgets not run", file=sys.stderr)
     else:
-        for entry in args.budgets:
-            budget = budget_bytes(entry, peak)
-            results.append(run(args, budget_label(entry), {"SPILLWAY_GPU_BUDGET": str(budget)}))
+        for label, env in budget_runs(args, peak):
+            results.append(run(args, label, env))
     rows = []
     ok = all("error" not in r for r in results)
     for res in results:
@@ -357,7 +392,8 @@ def main(argv=None):
             "model": {k: getattr(args, k) for k in ("batch", "vocab", "d", "layers", "heads", "median_len",
                                                       "max_len", "long_len", "dropout", "seed")},
             "sequence_lengths": results[0].get("sequence_lengths"), "lib": os.path.abspath(args.lib),
-            "settings": dict(args.settings)}
+            "settings": dict(args.settings), "variants": [f"{n}={v}" for n, v in args.variants],
+            "repeat": args.repeat}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "runs": results}, f, indent=2)
     md = markdown(rows, meta)

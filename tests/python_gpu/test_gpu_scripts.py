@@ -249,3 +249,22 @@ def test_checks_run_on_the_simulator(tmp_path):
                for v in fm["creating_thread"].values())
     assert any(n.startswith("host creation: 1 thread ") for n in f["notes"])
     assert any("during host creation on another thread, an event record + sync took" in n for n in f["notes"])
+
+
+def test_bench_gpt_interleaves_variants_and_repeats():
+    a = bench_gpt.parse_args(["--budgets", "60%,40%", "--variant", "SPILLWAY_HOST_RESERVE=50%",
+                              "--repeat", "2"])
+    runs = bench_gpt.budget_runs(a, 1000)
+    assert [label for label, _ in runs] == [
+        "spillway-60%-r1", "spillway-60%+HOST_RESERVE=50%-r1", "spillway-40%-r1",
+        "spillway-40%+HOST_RESERVE=50%-r1", "spillway-60%-r2", "spillway-60%+HOST_RESERVE=50%-r2",
+        "spillway-40%-r2", "spillway-40%+HOST_RESERVE=50%-r2"]
+    assert runs[0][1] == {"SPILLWAY_GPU_BUDGET": "600"}
+    assert runs[3][1] == {"SPILLWAY_GPU_BUDGET": "400", "SPILLWAY_HOST_RESERVE": "50%"}
+    one = bench_gpt.budget_runs(bench_gpt.parse_args(["--budgets", "40%"]), 1000)
+    assert one == [("spillway-40%", {"SPILLWAY_GPU_BUDGET": "400"})]
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            bench_gpt.parse_args(["--repeat", bad])
+    with pytest.raises(SystemExit):
+        bench_gpt.parse_args(["--variant", "SPILLWAY_MODE=off"])
