@@ -1,9 +1,14 @@
 #include "log.h"
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <memory>
+#include <mutex>
+
+#include "output_file.h"
 
 namespace spillway::log {
 namespace {
@@ -15,6 +20,35 @@ std::shared_ptr<spdlog::logger>& logger() {
       "spillway", std::make_shared<spdlog::sinks::stderr_sink_mt>());
   return l;
 }
+
+// SPILLWAY_LOG_FILE, on a descriptor open_output() opened (spdlog's file
+// sinks open the path themselves, following any symbolic link).
+class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit FdSink(int fd) : fd_(fd) {}
+  ~FdSink() override { ::close(fd_); }
+  FdSink(const FdSink&) = delete;
+  FdSink& operator=(const FdSink&) = delete;
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t buf;
+    formatter_->format(msg, buf);
+    const char* p = buf.data();
+    size_t n = buf.size();
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return;  // a full disk loses log lines, not the job
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  void flush_() override {}  // write() leaves nothing buffered here
+
+ private:
+  int fd_;
+};
 
 spdlog::level::level_enum to_spdlog(LogLevel l) {
   switch (l) {
@@ -41,8 +75,14 @@ bool init(LogLevel level, const std::string& file, std::string* why, const std::
   bool ok = true;
   if (!file.empty()) {
     try {
-      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, false);
-      l = std::make_shared<spdlog::logger>("spillway", sink);
+      std::string whynot;
+      const int fd = open_output(file, &whynot, /*append=*/true);
+      if (fd < 0) {
+        ok = false;
+        if (why) *why = whynot;
+      } else {
+        l = std::make_shared<spdlog::logger>("spillway", std::make_shared<FdSink>(fd));
+      }
     } catch (const spdlog::spdlog_ex& e) {
       ok = false;
       if (why) *why = e.what();

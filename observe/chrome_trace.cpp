@@ -15,6 +15,7 @@
 
 #include "access.h"
 #include "json.h"
+#include "output_file.h"
 #include "signal_mask.h"
 #include "spillway_version.h"
 
@@ -169,11 +170,8 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
   limits.join_slots = std::max<size_t>(limits.join_slots, 4);
   limits.flush_ms = std::max(limits.flush_ms, 1);
   std::unique_ptr<ChromeTrace> t(new ChromeTrace(path, activity, limits));
-  t->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (t->fd_ < 0) {
-    *why = std::string("cannot create it: ") + std::strerror(errno);
-    return nullptr;
-  }
+  t->fd_ = open_output(path, why);
+  if (t->fd_ < 0) return nullptr;
   t->ring_.reset(new HostEvent[limits.ring_events]);
   t->batch_.reset(new HostEvent[limits.ring_events]);
   t->out_.reset(new char[limits.out_bytes]);

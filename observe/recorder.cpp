@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "log.h"
+#include "output_file.h"
 #include "signal_mask.h"
 
 namespace spillway {
@@ -14,7 +15,9 @@ std::unique_ptr<Recorder> Recorder::open(const std::string& path, std::string* w
   std::unique_ptr<Recorder> r(new Recorder);
   r->path_ = path;
   r->owner_pid_ = static_cast<int>(getpid());
-  if (!r->w_.open(path, R"({"source":"shim","format":"spwt"})")) {
+  const int fd = open_output(path, why);
+  if (fd < 0) return nullptr;
+  if (!r->w_.open_fd(fd, path, R"({"source":"shim","format":"spwt"})")) {
     *why = r->w_.error();
     return nullptr;
   }

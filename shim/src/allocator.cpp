@@ -1,6 +1,7 @@
 #include "allocator.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "log.h"
 #include "schedule.h"
@@ -17,6 +18,8 @@ size_t round_up(size_t v, size_t a) {
 // Small blocks are 512-byte aligned, like PyTorch's, in chunks of 2 MiB.
 constexpr size_t kSmallAlign = 512;
 constexpr size_t kChunk = 2ull << 20;
+// Above any granularity a device reports (2 MiB on current GPUs).
+constexpr size_t kMaxGranule = 1ull << 30;
 
 // A cached large block serves a request if it wastes little: at most a
 // granule or an eighth of the request, whichever is more.
@@ -168,6 +171,13 @@ void* Allocator::malloc(size_t size, CUstream stream) {
   InternalCalls internal;
   if (size == 0) return nullptr;
   std::lock_guard lk(mu_);
+  // Beyond this, rounding up to the granule would wrap around (to a size of
+  // 0): no device has that much memory.
+  if (size > std::numeric_limits<size_t>::max() - kMaxGranule) {
+    ++s_.ooms;
+    log::error("allocation of {} failed: larger than any device's memory", format_bytes(size));
+    return nullptr;
+  }
   cache_.process_pending();
   // With a mover, the swaps are its remaps; without, an allocation does them.
   if (!mover_ && !arriving_.empty()) finish_prefetches();

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "log.h"
+#include "output_file.h"
 
 extern char** environ;
 
@@ -69,6 +71,11 @@ void Runtime::start() {
     log::error("cuInit failed: {}", cu::describe(*driver_, r));
     driver_ = nullptr;
   }
+  // Opened now, so that a path that cannot be written is said at the start,
+  // not after the job.
+  if (!cfg_.stats_file.empty() && (stats_fd_ = open_output(cfg_.stats_file, &why)) < 0)
+    log::warn("cannot write SPILLWAY_STATS file '{}' ({}): no statistics file", cfg_.stats_file,
+              why);
   if (!cfg_.record_file.empty()) {
     recorder_ = Recorder::open(cfg_.record_file, &why);
     if (!recorder_)
@@ -409,9 +416,11 @@ void Runtime::report_at_exit() {
               "allocation sites whose blocks were evicted most (SPILLWAY_STACKS):\n{}", top);
     }
   }
-  if (!cfg_.stats_file.empty()) {
-    std::FILE* f = std::fopen(cfg_.stats_file.c_str(), "w");
+  if (stats_fd_ >= 0) {
+    const int fd = std::exchange(stats_fd_, -1);
+    std::FILE* f = fdopen(fd, "w");
     if (!f) {
+      close(fd);
       log::error("cannot write SPILLWAY_STATS file '{}'", cfg_.stats_file);
       return;
     }

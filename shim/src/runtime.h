@@ -99,6 +99,8 @@ class Runtime final : public AccessSink {
   std::unique_ptr<Sites> sites_;
   std::unique_ptr<ChromeTrace> trace_;
   std::unique_ptr<Recorder> recorder_;
+  // SPILLWAY_STATS, opened (and its path checked) at start, written at exit.
+  int stats_fd_ = -1;
   std::unique_ptr<LaunchRecords> launch_records_;
   Observers observers_;  // the allocators' observer (null when it is empty)
   bool blind_ = false;

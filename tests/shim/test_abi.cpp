@@ -881,4 +881,63 @@ TEST_F(ShimAbi, UnwritableStatsFileIsLoggedAndTheExitCodeKept) {
   EXPECT_EQ(count_lines_with(r.err, "peak resident"), 1u) << r.err;
 }
 
+TEST_F(ShimAbi, ZeroAndHugeSizesAreRefusedByNameAndLoseNothing) {
+  // Issue 15 item 3. 0 bytes: null, as PyTorch's allocator, and no OOM. A
+  // size whose rounding to the granule would wrap around: one line saying
+  // no device has that much, not a driver error for a 0-byte create. Beyond
+  // the budget: the budget named. The process goes on allocating.
+  Child r = probe({"malloc",    "a",     "0",
+                   "malloc",    "b",     "18446744073709551615",
+                   "malloc",    "c",     sz(1000ull << 40),
+                   "malloc",    "d",     sz(4 * MiB),
+                   "fill",      "d",     sz(4 * MiB),
+                   "7",         "check", "d",
+                   sz(4 * MiB), "7",     "stats"},
+                  {"SPILLWAY_GPU_BUDGET=1GiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(r.ptr('a'), "") << r.describe();  // "" is a null reply
+  EXPECT_EQ(r.ptr('b'), "") << r.describe();
+  EXPECT_EQ(r.ptr('c'), "") << r.describe();
+  EXPECT_NE(r.ptr('d'), "") << r.describe();
+  EXPECT_NE(r.out.find("check d ok"), std::string::npos) << r.describe();
+  EXPECT_EQ(count_lines_with(r.err, "larger than any device's memory"), 1u) << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "cuMemCreate"), 0u) << r.err;
+  EXPECT_EQ(count_lines_with(r.err,
+                             "allocation of 1000.0 TiB failed: it does not fit in the GPU "
+                             "budget (SPILLWAY_GPU_BUDGET=1.0 GiB)"),
+            1u)
+      << r.err;
+  EXPECT_EQ(counter(stats_members(r.stats()), "ooms"), 2);
+}
+
+TEST_F(ShimAbi, OutputPathsAreCheckedAtTheStartAndAnotherUsersLinkIsNeverFollowed) {
+  // Issue 15 item 3: a stats file in a missing directory is said at the
+  // start (the log's first line), not after the job; a record path that is
+  // another user's symbolic link (a shared /tmp) is refused by name and the
+  // file it points to is left alone.
+  const fs::path target = dir_ / "precious.txt";
+  std::ofstream(target) << "keep me";
+  const fs::path link = dir_ / "job.spwt";
+  fs::create_symlink(target, link);
+  const bool other = ::lchown(link.c_str(), 4242, 4242) == 0;
+  Child r = probe({"malloc", "a", sz(4 * MiB)},
+                  {"SPILLWAY_STATS=" + (dir_ / "missing" / "stats.json").string(),
+                   "SPILLWAY_RECORD=" + link.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.ptr('a'), "") << r.describe();
+  const std::string first = r.err.substr(0, r.err.find('\n'));
+  EXPECT_NE(first.find("cannot write SPILLWAY_STATS file"), std::string::npos) << r.err;
+  EXPECT_NE(first.find("its directory '" + (dir_ / "missing").string() + "' does not exist"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "SPILLWAY_STATS"), 1u) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "missing"));
+  if (!other) GTEST_SKIP() << "cannot give the link to another user here (needs root)";
+  EXPECT_EQ(count_lines_with(r.err, "cannot write SPILLWAY_RECORD file '" + link.string() +
+                                        "' (it is a symbolic link of another user (uid 4242)"),
+            1u)
+      << r.err;
+  EXPECT_EQ(read_file(target), "keep me");
+}
+
 }  // namespace

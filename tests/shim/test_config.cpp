@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -455,6 +456,46 @@ TEST(ShimDocs, EveryVariableIsDocumented) {
     EXPECT_EQ(p.error.find("unknown"), std::string::npos) << p.error;
   }
   EXPECT_GE(n, 7u) << "the variable table of config.cpp was not found";
+}
+
+// Issue 15 item 3: every variable, with values a user could mistype, is
+// refused by name (the variable, the value quoted, what is accepted). A
+// variable added to config.cpp without a row here fails this test.
+TEST(ShimConfig, EveryVariableRefusesWrongValuesByName) {
+  const std::map<std::string, std::vector<std::string>> wrong = {
+      {"SPILLWAY_MODE", {"", "Host", "evict", "on"}},
+      {"SPILLWAY_GPU_BUDGET", {"", "0", "-1GiB", "40 GiB", "40GB!", "abc", "1e3", "0%", "101%"}},
+      {"SPILLWAY_HOST_BUDGET", {"", "0", "lots", "1.5.2GiB", "99999999999999999999"}},
+      {"SPILLWAY_HOST_RESERVE", {"", "-1", "half", "1000%", "8 GiB"}},
+      {"SPILLWAY_MIN_BLOCK", {"", "0", "1TiB", "small"}},
+      {"SPILLWAY_POLICY", {"", "LRU", "fifo"}},
+      {"SPILLWAY_PREFETCH", {"", "-4", "many", "on"}},
+      {"SPILLWAY_LOG_LEVEL", {"", "verbose", "INFO5"}},
+      {"SPILLWAY_LOG_FILE", {""}},
+      {"SPILLWAY_STATS", {""}},
+      {"SPILLWAY_TRACE", {""}},
+      {"SPILLWAY_RECORD", {""}},
+      {"SPILLWAY_STACKS", {"", "yes", "2"}},
+      {"SPILLWAY_PLAN", {"", "1", "auto"}},
+      {"SPILLWAY_CUPTI", {"", "maybe"}},
+      {"SPILLWAY_CUPTI_PATH", {""}},
+  };
+  const std::string code = read_source("shim/src/config.cpp");
+  const std::regex entry(R"re(\{"(SPILLWAY_[A-Z_]+)",)re");
+  size_t n = 0;
+  for (std::sregex_iterator it(code.begin(), code.end(), entry), end; it != end; ++it, ++n) {
+    const std::string name = (*it)[1];
+    auto row = wrong.find(name);
+    if (row == wrong.end()) {
+      ADD_FAILURE() << name << " has no wrong values in this test";
+      continue;
+    }
+    for (const std::string& v : row->second) {
+      SCOPED_TRACE(name + "='" + v + "'");
+      refused(name, v);
+    }
+  }
+  EXPECT_EQ(n, wrong.size()) << "a variable of this table is no longer in config.cpp";
 }
 
 // ...and every key of the statistics JSON.

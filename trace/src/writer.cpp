@@ -86,9 +86,22 @@ bool Writer::write_all(const void* data, size_t len) noexcept {
 bool Writer::open(const std::string& path, std::string_view meta_json) noexcept {
   if (fd_ >= 0 || closed_) return fail("writer already used: open() may be called once");
   if (meta_json.size() > kMaxMeta) return fail("meta is larger than 1 MiB");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fail("cannot create " + path + ": " + std::strerror(errno));
+  return open_fd(fd, path, meta_json);
+}
+
+bool Writer::open_fd(int fd, const std::string& path, std::string_view meta_json) noexcept {
+  if (fd_ >= 0 || closed_) {
+    ::close(fd);
+    return fail("writer already used: open() may be called once");
+  }
+  if (meta_json.size() > kMaxMeta) {
+    ::close(fd);
+    return fail("meta is larger than 1 MiB");
+  }
   path_ = path;
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) return fail("cannot create " + path + ": " + std::strerror(errno));
+  fd_ = fd;
   std::string h;
   h.reserve(20 + meta_json.size());
   h.append("SPWTRACE", 8);

@@ -148,6 +148,10 @@ class Writer {
   // Creates (truncates) `path` and writes the header with `meta_json` (a JSON
   // object, at most 1 MiB; not parsed). False on failure, see error().
   bool open(const std::string& path, std::string_view meta_json) noexcept;
+  // The same on a descriptor the caller opened for writing (its checks of
+  // the path are its own, base/output_file.h), which the writer now owns
+  // (closed on failure too); `path` names it in messages.
+  bool open_fd(int fd, const std::string& path, std::string_view meta_json) noexcept;
   bool is_open() const noexcept { return fd_ >= 0; }
 
   // Each returns false, and writes nothing, on failure (error() says why):
