@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "signal_mask.h"
+
 namespace spillway {
 
 class Worker {
@@ -27,6 +29,9 @@ class Worker {
     run_ = std::move(run);
     stopping_ = false;
     woken_ = false;
+    // A SIGTERM handler waits for spillway's threads (base/term_signals.h):
+    // none of them may run it.
+    BlockTermSignals blocked;
     thread_ = std::thread([this, period] { loop(period); });
   }
   void wake() {

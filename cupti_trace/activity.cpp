@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "clock.h"
-#include "signal_mask.h"
 
 namespace spillway::cupti {
 namespace {
@@ -216,7 +215,6 @@ void ActivityReader::start() {
     running_ = true;
   }
   last_flush_ns_ = monotonic_ns();
-  BlockTermSignals blocked;
   worker_.start(std::chrono::milliseconds(kPeriodMs), [this] { pass(); });
 }
 

@@ -16,7 +16,7 @@
 #include "access.h"
 #include "json.h"
 #include "output_file.h"
-#include "signal_mask.h"
+#include "term_signals.h"
 #include "spillway_version.h"
 
 namespace spillway {
@@ -80,27 +80,11 @@ bool driver_is_simulated() {
   return sim;
 }
 
-// Signal handling (install_signal_handlers).
+// Signal handling (install_signal_handlers): the trace of the process.
 std::atomic<ChromeTrace*> g_signal_trace{nullptr};
-struct sigaction g_prev_int, g_prev_term;
 
-void on_signal(int sig, siginfo_t* info, void* uctx) {
-  const int saved = errno;
-  const struct sigaction& prev = sig == SIGINT ? g_prev_int : g_prev_term;
-  const bool handler = (prev.sa_flags & SA_SIGINFO) != 0;
-  const bool fatal = !handler && prev.sa_handler == SIG_DFL;
+void on_term_signal(bool fatal) {
   if (ChromeTrace* t = g_signal_trace.load(std::memory_order_acquire)) t->signal_flush(fatal);
-  if (handler) {
-    if (prev.sa_sigaction) prev.sa_sigaction(sig, info, uctx);
-  } else if (fatal) {
-    // The default action, with the signal still the cause of death: it is
-    // blocked while this handler runs and delivered when it returns.
-    sigaction(sig, &prev, nullptr);
-    raise(sig);
-  } else if (prev.sa_handler != SIG_IGN) {
-    prev.sa_handler(sig);
-  }
-  errno = saved;
 }
 
 }  // namespace
@@ -214,12 +198,8 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
   // The start line goes out with the writer's first pass: nothing is written
   // on the caller's thread.
   t->writer_ = std::make_unique<Worker>();
-  {
-    // Signals go to the job's threads, never to the writer: it is the thread
-    // a handler waits for.
-    BlockTermSignals blocked;
-    t->writer_->start(std::chrono::milliseconds(limits.flush_ms), [p = t.get()] { p->run(); });
-  }
+  // A Worker blocks SIGTERM and SIGINT: the handler waits for this thread.
+  t->writer_->start(std::chrono::milliseconds(limits.flush_ms), [p = t.get()] { p->run(); });
   return t;
 }
 
@@ -719,18 +699,7 @@ void ChromeTrace::signal_flush(bool fatal) {
 
 void ChromeTrace::install_signal_handlers() {
   ChromeTrace* expected = nullptr;
-  if (!g_signal_trace.compare_exchange_strong(expected, this)) return;
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = &on_signal;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM}) {
-    struct sigaction& prev = sig == SIGINT ? g_prev_int : g_prev_term;
-    if (sigaction(sig, nullptr, &prev) != 0) continue;
-    const bool ignored = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_IGN;
-    if (!ignored) sigaction(sig, &sa, nullptr);
-  }
+  if (g_signal_trace.compare_exchange_strong(expected, this)) term_signals::add(&on_term_signal);
 }
 
 ChromeTrace::Counters ChromeTrace::counters() const {

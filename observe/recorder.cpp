@@ -7,7 +7,6 @@
 
 #include "log.h"
 #include "output_file.h"
-#include "signal_mask.h"
 
 namespace spillway {
 
@@ -29,9 +28,8 @@ std::unique_ptr<Recorder> Recorder::open(const std::string& path, std::string* w
     *why = r->w_.error();
     return nullptr;
   }
-  // A signal handler (the Chrome trace's) waits for the activity reader,
-  // which waits for this thread's queue lock: never run it here.
-  BlockTermSignals blocked;
+  // A signal handler waits for the activity reader, which waits for this
+  // thread's queue lock: a Worker never runs it (base/worker.h).
   r->writer_.start(std::chrono::milliseconds(kPeriodMs), [p = r.get()] { p->drain(); });
   return r;
 }

@@ -17,6 +17,10 @@ namespace spillway {
 namespace {
 
 std::atomic<Runtime*> g_runtime{nullptr};
+// How long a fatal signal's handler waits for the report (the files): a
+// finisher stuck behind a lock the interrupted thread holds costs the files'
+// last writes, not a hang.
+constexpr int kSignalWaitMs = 3000;
 
 // The memory this process may use: physical memory, or less under a cgroup
 // limit (a container), which is what pinned host memory must fit in.
@@ -84,6 +88,14 @@ void Runtime::start() {
   }
   if (driver_ && cfg_.mode != Mode::kOff) start_tracking();
   start_observers();
+  // After the trace's own hook (start_observers): a SIGTERM that ends the
+  // process first has the trace written out, then everything else reported
+  // as at exit (docs/profiling.md, "When the job ends").
+  pid_ = static_cast<int>(getpid());
+  if (stats_fd_ >= 0 || recorder_ || trace_) {
+    finisher_ = std::make_unique<term_signals::Finisher>([this] { report_at_exit(); });
+    term_signals::add(&Runtime::on_term_signal);
+  }
   std::atexit([] {
     if (Runtime* rt = peek()) rt->report_at_exit();
   });
@@ -385,6 +397,20 @@ void Runtime::reset_recent_peaks() {
 }
 
 void Runtime::report_at_exit() {
+  // A second caller (the exit while a signal's finisher reports, or the
+  // reverse) waits for the first to end.
+  std::call_once(reported_, [this] { report(); });
+}
+
+void Runtime::on_term_signal(bool fatal) {
+  // Async-signal-safe. A signal the job handles itself (`fatal` false) lets
+  // it go on: its exit writes the files.
+  Runtime* rt = peek();
+  if (!fatal || !rt || !rt->finisher_ || getpid() != rt->pid_) return;
+  rt->finisher_->request_and_wait(kSignalWaitMs);
+}
+
+void Runtime::report() {
   {
     // The allocators live on (PyTorch may free during shutdown), but their
     // background threads must not outlive the logger and the driver.

@@ -20,6 +20,7 @@
 #include "observers.h"
 #include "recorder.h"
 #include "sites.h"
+#include "term_signals.h"
 #include "tracker.h"
 
 namespace spillway {
@@ -68,6 +69,8 @@ class Runtime final : public AccessSink {
   Runtime() = default;
   void start();
   void report_at_exit();
+  void report();  // report_at_exit's work, run once
+  static void on_term_signal(bool fatal);
   void start_tracking();
   void start_observers();  // SPILLWAY_STACKS, SPILLWAY_TRACE, SPILLWAY_RECORD
   // SPILLWAY_PLAN without a trace or record: the activity reader starts at
@@ -101,6 +104,11 @@ class Runtime final : public AccessSink {
   std::unique_ptr<Recorder> recorder_;
   // SPILLWAY_STATS, opened (and its path checked) at start, written at exit.
   int stats_fd_ = -1;
+  // At exit, or on a SIGTERM/SIGINT that ends the process (on the
+  // finisher's thread): once, whichever comes first.
+  std::once_flag reported_;
+  std::unique_ptr<term_signals::Finisher> finisher_;
+  int pid_ = 0;  // the process that started the runtime (a fork's child finishes nothing)
   std::unique_ptr<LaunchRecords> launch_records_;
   Observers observers_;  // the allocators' observer (null when it is empty)
   bool blind_ = false;

@@ -7,7 +7,12 @@
 #include <simcuda.h>
 #include <spillway.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
 
 namespace {
 void noop(const void*, size_t, const simcuda_launch_info*, void*) {}
@@ -52,5 +57,16 @@ int main(int argc, char** argv) {
   sp_free(b, kBig, 0, nullptr);
   sp_free(c, kSmall, 0, nullptr);
   std::puts("done");
-  return 0;  // atexit closes the record
+  std::fflush(stdout);
+  // RECORD_PROBE_END: how the job ends. Unset: returning from main (atexit
+  // closes the record); "term": killed by SIGTERM (spillway's handler
+  // closes it); "kill": killed by SIGKILL once the recorder's writer has
+  // drained (nothing closes it).
+  const char* end = std::getenv("RECORD_PROBE_END");
+  if (end && std::strcmp(end, "term") == 0) raise(SIGTERM);
+  if (end && std::strcmp(end, "kill") == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    raise(SIGKILL);
+  }
+  return 0;
 }

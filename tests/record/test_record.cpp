@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -37,6 +39,9 @@ int run_probe(const std::string& record, std::string* out, const std::string& mo
   char buf[4096];
   while (fgets(buf, sizeof buf, p)) *out += buf;
   int status = pclose(p);
+  // The shell's convention, whether the shell or the probe died: 128 + the
+  // signal that ended the probe.
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -140,10 +145,12 @@ TEST(Record, ATruncatedOrCorruptedRecordIsRefusedWithItsOffset) {
   std::string error;
   read_all(path, &error);
   EXPECT_NE(std::string::npos, error.find("offset")) << error;
-  // One flipped byte inside the first block's payload: its CRC fails.
+  // One flipped byte inside the first block's payload (the STEP 0 record
+  // the recorder opens with, alone in its block: the writer ends a block at
+  // each step): its CRC fails.
   std::string flipped = bytes;
   const size_t header = 8 + 4 + 4 + static_cast<uint8_t>(bytes[12]) + 4;  // meta < 256 bytes
-  flipped[header + 16 + 2] ^= 0x40;
+  flipped[header + 16 + 1] ^= 0x40;
   {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     f.write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
@@ -152,6 +159,54 @@ TEST(Record, ATruncatedOrCorruptedRecordIsRefusedWithItsOffset) {
   read_all(path, &error);
   EXPECT_NE(std::string::npos, error.find("offset " + std::to_string(header))) << error;
   EXPECT_NE(std::string::npos, error.find("CRC")) << error;
+  fs::remove(path);
+}
+
+// Issue 15 item 4: a job killed by SIGTERM (a scheduler's preemption)
+// leaves a complete record and statistics file; one killed by SIGKILL, a
+// record that reads back up to the last step begun, and the reader says
+// where it stopped.
+std::vector<tr::Event> without_durations(const std::vector<tr::Event>& ev) {
+  std::vector<tr::Event> out;
+  for (const auto& e : ev)
+    if (!std::holds_alternative<tr::DurationRec>(e)) out.push_back(e);
+  return out;
+}
+
+TEST(Record, ASigtermLeavesACompleteRecordAndStatistics) {
+  const std::string path = temp_path("spillway-record-term.spwt");
+  const std::string stats = temp_path("spillway-record-term.json");
+  std::string out;
+  ASSERT_EQ(128 + SIGTERM,
+            run_probe(path, &out, "RECORD_PROBE_END=term SPILLWAY_STATS='" + stats + "'"))
+      << out;
+  EXPECT_NE(std::string::npos, out.find("done")) << out;
+  EXPECT_NE(std::string::npos, out.find("peak resident")) << out;  // the exit summary
+  std::string error;
+  const auto ev = without_durations(read_all(path, &error));
+  EXPECT_EQ("", error);
+  ASSERT_EQ(13u, ev.size());
+  EXPECT_TRUE((ev.back() == tr::Event{tr::FreeRec{3, 0}}));
+  std::ifstream f(stats);
+  const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(std::string::npos, json.find("\"mallocs\": 3")) << json;
+  EXPECT_EQ("}\n", json.size() >= 2 ? json.substr(json.size() - 2) : json) << json;
+  fs::remove(path);
+  fs::remove(stats);
+}
+
+TEST(Record, ASigkillLeavesARecordThatReadsBackUpToTheLastStep) {
+  const std::string path = temp_path("spillway-record-kill.spwt");
+  std::string out;
+  ASSERT_EQ(128 + SIGKILL, run_probe(path, &out, "RECORD_PROBE_END=kill")) << out;
+  std::string error;
+  const auto ev = without_durations(read_all(path, &error));
+  // Steps 0 and 1 begun: everything up to the STEP 1 record; the frees and
+  // the launch after it were in the block the kill cut off.
+  ASSERT_EQ(9u, ev.size()) << error;
+  EXPECT_TRUE((ev.back() == tr::Event{tr::StepRec{1}}));
+  EXPECT_NE(std::string::npos, error.find("file is truncated: the end marker is missing")) << error;
+  EXPECT_NE(std::string::npos, error.find("up to step 1 begun")) << error;
   fs::remove(path);
 }
 

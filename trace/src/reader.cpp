@@ -87,6 +87,14 @@ Reader::~Reader() {
   if (f_) std::fclose(f_);
 }
 
+std::string Reader::where_stopped() const {
+  // A writer ends a block at each step (writer.cpp): the records before the
+  // cut are whole steps, and the last one begun.
+  std::string s = "; the " + std::to_string(records_) + " records before it read back";
+  if (stepped_) s += ", up to step " + std::to_string(last_step_) + " begun";
+  return s;
+}
+
 bool Reader::fail(uint64_t offset, std::string message) noexcept {
   if (state_ != State::kError) {
     error_.offset = offset;
@@ -100,7 +108,7 @@ bool Reader::read_exact(void* dst, size_t len, uint64_t start, const char* what)
   if (pos_ + len > file_size_) {
     return fail(file_size_, std::string("file is truncated: it ends at offset ") +
                                 std::to_string(file_size_) + " inside the " + what +
-                                " starting at offset " + std::to_string(start));
+                                " starting at offset " + std::to_string(start) + where_stopped());
   }
   if (std::fread(dst, 1, len, f_) != len) {
     return fail(pos_, std::string("read error inside the ") + what + ": " + std::strerror(errno));
@@ -146,7 +154,7 @@ bool Reader::load_block() noexcept {
   if (pos_ == file_size_) {
     return fail(file_size_,
                 "file is truncated: the end marker is missing (the file ends at offset " +
-                    std::to_string(file_size_) + ")");
+                    std::to_string(file_size_) + ")" + where_stopped());
   }
   unsigned char h[16];
   if (!read_exact(h, 4, start, "block or end marker")) return false;
@@ -253,6 +261,8 @@ bool Reader::parse_record(Event& out) noexcept {
     case RecordType::kStep: {
       StepRec r;
       if (!c.varint(r.step)) return bad();
+      stepped_ = true;
+      last_step_ = r.step;
       out = r;
       break;
     }

@@ -229,7 +229,9 @@ bool Writer::step(uint64_t step) noexcept {
   scratch_.clear();
   put_u8(scratch_, static_cast<uint8_t>(RecordType::kStep));
   put_varint(scratch_, step);
-  return append(scratch_, false);
+  // The block ends at each step: a file cut short (SIGKILL, a crash) reads
+  // back up to the last step begun, whatever the size of the steps.
+  return append(scratch_, false) && flush();
 }
 
 bool Writer::phase(PhaseKind phase) noexcept {

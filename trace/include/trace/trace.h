@@ -264,6 +264,10 @@ class Reader {
   uint64_t records_ = 0;
   uint64_t launches_ = 0;
   uint64_t record_offset_ = 0;
+  // The last STEP record returned (a file cut short says where it stopped).
+  bool stepped_ = false;
+  uint64_t last_step_ = 0;
+  std::string where_stopped() const;
   std::unordered_map<uint64_t, std::string> strings_;
   std::unordered_map<uint64_t, uint64_t> live_;  // alloc id -> size
   std::map<uint64_t, uint64_t> used_ids_;        // disjoint [first, last] runs of ALLOC ids seen
