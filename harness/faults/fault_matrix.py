@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Fails, in turn, each driver entry point spillway calls, at its first call
-and at a later one, in a replay with every byte checked, and says what
-happened (issue 15 item 2; docs/reliability.md, "Driver failures").
+"""Fails, in turn, each driver and CUPTI entry point spillway calls, at its
+first call and at a later one, in a replay with every byte checked, and says
+what happened (issue 15 item 2; docs/reliability.md, "Driver failures").
 
     fault_matrix.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
         [--trace harness/traces/gpt_varlen.spwt] [--budget 40%] [--seed 1] [--out table.md]
@@ -36,6 +36,7 @@ def run(replay, shim, trace, budget, timeout, fault, json_path, extra=(), env_ad
     """One replay with `fault` (a SIMCUDA_FAIL spec, "" for none): (process, JSON, why)."""
     env = dict(os.environ)
     env.pop("SIMCUDA_FAIL", None)
+    env.pop("SIMCUPTI_FAIL", None)
     env.update(env_add or {})
     if fault:
         env["SIMCUDA_FAIL"] = fault
@@ -54,6 +55,14 @@ def run(replay, shim, trace, budget, timeout, fault, json_path, extra=(), env_ad
     return p, d, None
 
 
+def cupti_entry_points():
+    """The CUPTI entry points spillway calls (cuda/cupti_entry_points.def)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "cuda",
+                        "cupti_entry_points.def")
+    with open(path) as f:
+        return re.findall(r"^CUPTI_ENTRY_POINT\((\w+)\)", f.read(), re.M)
+
+
 def spillway_said(stderr):
     """spillway's first warning or error, shortened: what a user would read."""
     for line in stderr.splitlines():
@@ -61,6 +70,16 @@ def spillway_said(stderr):
             line = re.sub(r"0x[0-9a-f]+", "ADDR", line)
             return line[:150]
     return ""
+
+
+def row(name, which, spec, p, ok, outcome):
+    """One row of the table, said as it comes (with the end of stderr when it failed)."""
+    print(f"{spec} -> {outcome}", flush=True)
+    if not ok and p is not None:
+        print(f"  exit status {p.returncode}; the end of its stderr:\n" +
+              "\n".join(p.stderr.splitlines()[-15:]), flush=True)
+    said = spillway_said(p.stderr) if p else ""
+    return (name, which, outcome if ok else "**" + outcome + "**", said)
 
 
 def classify(p, d, why):
@@ -126,12 +145,38 @@ def main():
             p, d, why = run_with(f"{name}:{n}")
             ok, outcome = classify(p, d, why)
             failed += not ok
-            said = spillway_said(p.stderr) if p else ""
-            rows.append((name, f"{n} of {count}", outcome if ok else "**" + outcome + "**", said))
-            print(f"{name}:{n} -> {outcome}", flush=True)
-            if not ok and p is not None:
-                print(f"  exit status {p.returncode}; the end of its stderr:\n" +
-                      "\n".join(p.stderr.splitlines()[-15:]), flush=True)
+            rows.append(row(name, f"{n} of {count}", f"{name}:{n}", p, ok, outcome))
+    # CUPTI's entry points (the simulated CUPTI's SIMCUPTI_FAIL), in runs
+    # that also write a Chrome trace (SPILLWAY_TRACE): no call counts come
+    # back from it, so each fails at its first call and at a seeded one of
+    # its 2nd to 8th; the simulated CUPTI says on stderr when it injected,
+    # which tells a failure that happened from one not reached.
+    for name in cupti_entry_points():
+        if only and name not in only:
+            continue
+        later = rng.randint(2, 8)  # drawn whether or not it runs: the seed's rows stay
+        for n in (1, later):
+            spec = f"{name}:{n}"
+            # With a Chrome trace, so that the calls only it makes are
+            # failed too, and the trace must still load.
+            trace_json = os.path.join(tmp, "trace.json")
+            p, d, why = run(args.replay, args.shim, args.trace, args.budget, args.timeout, "",
+                            jp, env_add={"SIMCUPTI_FAIL": spec, "SPILLWAY_TRACE": trace_json})
+            ok, outcome = classify(p, d, why)
+            if ok:
+                try:
+                    with open(trace_json) as f:
+                        json.load(f)
+                except (OSError, ValueError) as e:
+                    ok, outcome = False, f"TRACE UNREADABLE: {e}"[:100]
+            reached = p is not None and f"simcupti: {name} call {n}: injected" in p.stderr
+            if ok and not reached:
+                outcome = ("not called in this run" if n == 1 else
+                           f"not reached (called fewer than {n} times)")
+            failed += not ok
+            rows.append(row(name, f"{n} (CUPTI)", spec, p, ok, outcome))
+            if not reached:
+                break  # a later call is not reached either
     table = ["| entry point | failed call | outcome | what spillway logged first |",
              "| --- | --- | --- | --- |"]
     table += [f"| `{a}` | {b} | {c} | {e.replace('|', '/')} |" for a, b, c, e in rows]

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "args.h"
+#include "output_file.h"
 #include "engine.h"
 #include "ideal.h"
 #include "json.h"
@@ -219,8 +221,7 @@ uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget, cons
   return lb[lb.size() / 2];
 }
 
-void write_chrome_trace(const std::string& path, Engine& e, const Options& o) {
-  std::ofstream out(path, std::ios::trunc);
+void write_chrome_trace(std::ostream& out, Engine& e, const Options& o) {
   out << "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"clock\":\"simulated (sim virtual host "
          "time)\",\"strategy\":\""
       << name_of(o.strategy) << "\"},\"traceEvents\":[\n";
@@ -247,8 +248,43 @@ void write_chrome_trace(const std::string& path, Engine& e, const Options& o) {
 
 }  // namespace
 
+// An output file (--json, --trace-out), opened before the replay, so that a
+// path that cannot be written stops the command at once, named
+// (base/output_file.h), not after a replay whose result is lost.
+int open_output_or_exit(const std::string& path, const char* option) {
+  std::string why;
+  const int fd = spillway::open_output(path, &why);
+  if (fd < 0) {
+    std::fprintf(stderr, "spillway-replay: cannot write %s '%s': %s\n", option, path.c_str(),
+                 why.c_str());
+    std::exit(2);
+  }
+  return fd;
+}
+
+// Writes and closes; false (and says so) on a failed write.
+bool write_and_close(int fd, const std::string& text, const std::string& path) {
+  const char* p = text.data();
+  size_t n = text.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      std::fprintf(stderr, "spillway-replay: writing '%s' failed: %s\n", path.c_str(),
+                   std::strerror(errno));
+      ::close(fd);
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return ::close(fd) == 0;
+}
+
 int main(int argc, char** argv) {
   Options o = options_or_exit(argc, argv);
+  const int json_fd = o.json_out.empty() ? -1 : open_output_or_exit(o.json_out, "--json");
+  const int trace_fd = o.trace_out.empty() ? -1 : open_output_or_exit(o.trace_out, "--trace-out");
   Analysis a;
   std::string why;
   if (!analyze(o.trace, o.layers, a, why)) {
@@ -414,11 +450,13 @@ int main(int argc, char** argv) {
       << "\": " << simcuda_call_count(kCountedCalls[i]);
   j << "},\n";
   j << "  \"shim\": " << (stats.empty() ? "{}" : stats) << "\n}\n";
-  if (!o.json_out.empty()) {
-    std::ofstream out(o.json_out, std::ios::trunc);
-    out << j.str();
+  bool written = json_fd < 0 || write_and_close(json_fd, j.str(), o.json_out);
+  if (trace_fd >= 0) {
+    std::ostringstream t;
+    write_chrome_trace(t, e, o);
+    written = write_and_close(trace_fd, t.str(), o.trace_out) && written;
   }
-  if (!o.trace_out.empty()) write_chrome_trace(o.trace_out, e, o);
+  if (!written) return 1;
 
   if (!o.quiet) {
     std::printf(

@@ -7,6 +7,7 @@
 #include "buffers.h"
 #include "driver.h"
 #include "errors.h"
+#include "faults.h"
 #include "records.h"
 
 namespace simcupti {
@@ -73,6 +74,8 @@ using simcupti::ret;
 // enabled". A kind outside the enum is the former; a real kind the simulator
 // does not produce records for is the latter.
 CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
+  if (CUptiResult f = simcupti::injected("cuptiActivityEnable"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   if (driver() == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (!valid_kind(kind)) return ret(CUPTI_ERROR_INVALID_KIND);
@@ -82,6 +85,8 @@ CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
 }
 
 CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
+  if (CUptiResult f = simcupti::injected("cuptiActivityDisable"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   if (driver() == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (!valid_kind(kind)) return ret(CUPTI_ERROR_INVALID_KIND);

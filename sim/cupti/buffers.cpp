@@ -11,6 +11,7 @@
 
 #include "driver.h"
 #include "errors.h"
+#include "faults.h"
 #include "records.h"
 
 namespace simcupti {
@@ -185,6 +186,8 @@ using simcupti::ret;
 // previous complete callback first: they came from the previous allocator.
 CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc funcBufferRequested,
                                            CUpti_BuffersCallbackCompleteFunc funcBufferCompleted) {
+  if (CUptiResult f = simcupti::injected("cuptiActivityRegisterCallbacks"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   if (driver() == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (funcBufferRequested == nullptr || funcBufferCompleted == nullptr)
@@ -208,6 +211,8 @@ CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc func
 // it has finished), so the default and the forced flush both deliver every
 // buffer holding records, partly filled ones included.
 CUptiResult cuptiActivityFlushAll(uint32_t flag) {
+  if (CUptiResult f = simcupti::injected("cuptiActivityFlushAll"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   (void)flag;
   if (driver() == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
@@ -235,6 +240,8 @@ CUptiResult cuptiActivityFlush(CUcontext context, uint32_t streamId, uint32_t fl
 // so there is one dropped count whatever the context and stream.
 CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_t streamId,
                                               size_t* dropped) {
+  if (CUptiResult f = simcupti::injected("cuptiActivityGetNumDroppedRecords"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   (void)context;
   (void)streamId;

@@ -11,6 +11,7 @@
 
 #include "driver.h"
 #include "errors.h"
+#include "faults.h"
 #include "names.h"
 
 // The type behind CUpti_SubscriberHandle. Subscribers are never freed: a
@@ -179,15 +180,21 @@ CUptiResult cuptiSupportedDomains(size_t* domainCount, CUpti_DomainTable* domain
 
 CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
                            void* userdata) {
+  if (CUptiResult f = simcupti::injected("cuptiSubscribe"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   return ret(simcupti::subscribe(subscriber, callback, userdata, nullptr));
 }
 
 CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
                               void* userdata, CUpti_SubscriberParams* pParams) {
+  if (CUptiResult f = simcupti::injected("cuptiSubscribe"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   return ret(simcupti::subscribe(subscriber, callback, userdata, pParams));
 }
 
 CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber) {
+  if (CUptiResult f = simcupti::injected("cuptiUnsubscribe"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   if (simcupti::driver() == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   std::lock_guard lock(simcupti::g_subscribe_mu);
   if (!simcupti::is_current(subscriber)) return ret(CUPTI_ERROR_INVALID_PARAMETER);
@@ -207,6 +214,8 @@ CUptiResult cuptiGetCallbackState(uint32_t* enable, CUpti_SubscriberHandle subsc
 
 CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
                                 CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
+  if (CUptiResult f = simcupti::injected("cuptiEnableCallback"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   if (driver() == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (!is_current(subscriber) || !valid_cbid(domain, cbid))

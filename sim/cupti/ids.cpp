@@ -3,6 +3,7 @@
 
 #include "driver.h"
 #include "errors.h"
+#include "faults.h"
 
 using simcupti::ret;
 
@@ -10,6 +11,8 @@ using simcupti::ret;
 // ("normalized to correspond with the start and end timestamps",
 // cupti_activity.h).
 CUptiResult cuptiGetTimestamp(uint64_t* timestamp) {
+  if (CUptiResult f = simcupti::injected("cuptiGetTimestamp"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   const simbridge::DriverInfo* d = simcupti::driver();
   if (d == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (timestamp == nullptr) return ret(CUPTI_ERROR_INVALID_PARAMETER);
@@ -18,6 +21,8 @@ CUptiResult cuptiGetTimestamp(uint64_t* timestamp) {
 }
 
 CUptiResult cuptiGetContextId(CUcontext context, uint32_t* contextId) {
+  if (CUptiResult f = simcupti::injected("cuptiGetContextId"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   const simbridge::DriverInfo* d = simcupti::driver();
   if (d == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (contextId == nullptr) return ret(CUPTI_ERROR_INVALID_PARAMETER);
@@ -31,6 +36,8 @@ CUptiResult cuptiGetContextId(CUcontext context, uint32_t* contextId) {
 // `context` may be null ("Typically this parameter should be null"); the
 // driver checks the stream against it when it is not.
 CUptiResult cuptiGetStreamId(CUcontext context, CUstream stream, uint32_t* streamId) {
+  if (CUptiResult f = simcupti::injected("cuptiGetStreamId"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   const simbridge::DriverInfo* d = simcupti::driver();
   if (d == nullptr) return ret(CUPTI_ERROR_NOT_INITIALIZED);
   if (streamId == nullptr) return ret(CUPTI_ERROR_INVALID_PARAMETER);

@@ -19,5 +19,7 @@ const char* find_name(std::span<const IdName> table, uint32_t id);
 const char* driver_api_name(uint32_t cbid);
 // The same for CUPTI_RUNTIME_TRACE_CBID_* ("cudaLaunchKernel_v7000").
 const char* runtime_api_name(uint32_t cbid);
+// Every CUptiResult and its enumerator name ("CUPTI_ERROR_UNKNOWN"), by id.
+std::span<const IdName> result_names();
 
 }  // namespace simcupti

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "errors.h"
+#include "faults.h"
 
 namespace simcupti {
 namespace {
@@ -129,6 +130,8 @@ void encode(const simbridge::Activity& a, CUpti_ActivityKind kind, void* out) {
 // incomplete or invalid" (cupti_activity.h): CUPTI_ERROR_INVALID_KIND.
 CUptiResult cuptiActivityGetNextRecord(uint8_t* buffer, size_t validBufferSizeBytes,
                                        CUpti_Activity** record) {
+  if (CUptiResult f = simcupti::injected("cuptiActivityGetNextRecord"); f != CUPTI_SUCCESS)
+    return simcupti::ret(f);
   using namespace simcupti;
   if (buffer == nullptr || record == nullptr) return ret(CUPTI_ERROR_INVALID_PARAMETER);
   const uintptr_t base = reinterpret_cast<uintptr_t>(buffer);

@@ -290,6 +290,25 @@ TEST_F(ReplayTest, BadArgumentsExitTwo) {
   }
 }
 
+// Issue 15 item 3: an output path that cannot be written stops the command
+// before the replay, named (it used to be lost silently after the replay,
+// with exit status 0).
+TEST_F(ReplayTest, AnUnwritableOutputIsRefusedByNameBeforeTheReplay) {
+  const std::string missing = (dir_ / "no-such-dir").string();
+  Result r = replay({"--json", missing + "/out.json"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("spillway-replay: cannot write --json '" + missing +
+                       "/out.json': its directory '" + missing + "' does not exist"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("baseline run"), std::string::npos) << r.err;  // nothing ran
+  r = replay({"--trace-out", dir_.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot write --trace-out '" + dir_.string() + "': it is a directory"),
+            std::string::npos)
+      << r.err;
+}
+
 // Step plans (SPILLWAY_PLAN, on by default) through the preloaded path:
 // launch durations from the activity records (a reader started once the
 // budget was crossed), a plan made once two steps were alike (steps 0 and 1

@@ -21,22 +21,27 @@ struct ProbeResult {
 };
 
 // Runs the probe with no environment at all (in particular no
-// LD_LIBRARY_PATH) and returns its exit status and stdout.
-ProbeResult RunProbe(std::vector<std::string> args) {
+// LD_LIBRARY_PATH) but `env`, and returns its exit status and stdout (and
+// stderr after it, with `with_stderr`).
+ProbeResult RunProbe(std::vector<std::string> args, std::vector<std::string> env = {},
+                     bool with_stderr = false) {
   ProbeResult result;
   int out[2];
   if (pipe(out) != 0) return result;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  if (with_stderr) posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   args.insert(args.begin(), PROBE_EXECUTABLE);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  char* envp[] = {nullptr};
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid;
-  const int err = posix_spawn(&pid, PROBE_EXECUTABLE, &actions, nullptr, argv.data(), envp);
+  const int err = posix_spawn(&pid, PROBE_EXECUTABLE, &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
   if (err == 0) {
@@ -77,6 +82,49 @@ TEST(NoSimulatedDriver, TheSimulatedDriverInitializes) {
   const ProbeResult r = RunProbe({SIMCUPTI_LIBRARY, SIMCUDA_LIBRARY});
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output, Expected(CUPTI_SUCCESS));
+}
+
+// SIMCUPTI_FAIL (sim/cupti/faults.h): the nth call of the named entry point
+// fails, doing nothing, with CUPTI_ERROR_UNKNOWN or the error named, and
+// says so on stderr; later calls work; a bad spec ends the process.
+TEST(SimcuptiFail, TheNamedCallFailsAndSaysSo) {
+  const ProbeResult r = RunProbe({SIMCUPTI_LIBRARY, SIMCUDA_LIBRARY},
+                                 {"SIMCUPTI_FAIL=cuptiActivityEnable:1"}, /*with_stderr=*/true);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string unknown = std::to_string(CUPTI_ERROR_UNKNOWN);
+  // stderr is unbuffered and the probe's stdout a pipe: the line comes first.
+  const std::string said =
+      "simcupti: cuptiActivityEnable call 1: injected failure CUPTI_ERROR_UNKNOWN "
+      "(SIMCUPTI_FAIL)\n";
+  ASSERT_EQ(r.output.rfind(said, 0), 0u) << r.output;
+  EXPECT_EQ(r.output.substr(said.size()),
+            "cuptiSubscribe 0\ncuptiActivityEnable " + unknown +
+                "\ncuptiActivityRegisterCallbacks 0\ncuptiGetTimestamp 0\ncuptiGetLastError " +
+                unknown + "\n");
+}
+
+TEST(SimcuptiFail, TheErrorNamedIsReturnedAndACallNotReachedFailsNothing) {
+  ProbeResult r = RunProbe({SIMCUPTI_LIBRARY, SIMCUDA_LIBRARY},
+                           {"SIMCUPTI_FAIL=cuptiSubscribe:1:CUPTI_ERROR_MAX_LIMIT_REACHED"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.substr(0, r.output.find('\n')),
+            "cuptiSubscribe " + std::to_string(CUPTI_ERROR_MAX_LIMIT_REACHED));
+  r = RunProbe({SIMCUPTI_LIBRARY, SIMCUDA_LIBRARY}, {"SIMCUPTI_FAIL=cuptiGetTimestamp:2"},
+               /*with_stderr=*/true);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, Expected(CUPTI_SUCCESS));
+}
+
+TEST(SimcuptiFail, ABadSpecEndsTheProcessNamingTheItem) {
+  for (const char* spec : {"cuptiSubscribe:0", "cuptiSubscribe", "cuSubscribe:1",
+                           "cuptiSubscribe:1:CUPTI_ERROR_NOPE", "cuptiSubscribe:x"}) {
+    const ProbeResult r = RunProbe({SIMCUPTI_LIBRARY, SIMCUDA_LIBRARY},
+                                   {std::string("SIMCUPTI_FAIL=") + spec}, /*with_stderr=*/true);
+    EXPECT_EQ(r.status, 2) << spec << ": " << r.output;
+    EXPECT_NE(r.output.find("simcupti: SIMCUPTI_FAIL='" + std::string(spec) + "': item"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 }  // namespace
