@@ -247,3 +247,29 @@ def test_pytorch_cuda_alloc_conf_is_named_once_as_having_no_effect(spw):
     w = warnings_in(r.stderr)
     assert len(w) == 1, r.stderr
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in w[0] and "no effect" in w[0]
+
+
+END_OF_JOB = """
+import os, signal, spillway
+lib = spillway._load()
+lib.spillway_malloc(4 << 20, 0, None)
+if "{how}" == "exception":
+    raise RuntimeError("the job failed")
+os.kill(os.getpid(), signal.SIGTERM)  # Python leaves SIGTERM at its default
+"""
+
+
+def test_a_python_job_ending_in_an_exception_or_sigterm_leaves_complete_statistics(spw):
+    # Issue 15 item 4 (docs/profiling.md, "When the job ends"): the statistics
+    # file is whole, and the exit summary logged, however a Python job ends.
+    import json
+    import signal
+    for how, code in (("exception", 1), ("sigterm", -signal.SIGTERM)):
+        stats = os.path.join(spw.tmp, f"stats-{how}.json")
+        r = spw.python(END_OF_JOB.replace("{how}", how),
+                       spw.environ(SPILLWAY_CUPTI="off", SPILLWAY_STATS=stats))
+        assert r.returncode == code, (how, r.returncode, r.stderr)
+        assert "peak resident 4.0 MiB" in r.stderr, (how, r.stderr)
+        with open(stats) as f:
+            s = json.load(f)
+        assert s["mallocs"] == 1 and s["peak_live_bytes"] == 4 << 20, (how, s)
