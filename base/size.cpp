@@ -75,7 +75,10 @@ std::optional<SizeSpec> parse_size_or_percent(const std::string& text) {
   if (!text.empty() && text.back() == '%') {
     std::string num = text.substr(0, text.size() - 1);
     double pct = 0;
-    if (decimal_prefix(num, &pct) != num.size() || !(pct > 0) || pct > 100) return std::nullopt;
+    // At least 0.0001%: a smaller share of a device (1e-25% was fuzzed)
+    // resolves to 0 bytes, which a budget would take for "no budget".
+    if (decimal_prefix(num, &pct) != num.size() || !(pct >= kMinPercent) || pct > 100)
+      return std::nullopt;
     s.fraction = pct / 100.0;
     return s;
   }

@@ -24,7 +24,9 @@ struct SizeSpec {
 // Bytes with an optional binary (KiB..TiB) or decimal (KB..TB) unit;
 // nullopt for anything else, fractional bytes, or more than 2^64.
 std::optional<uint64_t> parse_bytes(const std::string& text);
-// A percentage in (0, 100] followed by '%', or bytes as parse_bytes.
+// The smallest percentage accepted: 0.0001% of a 1 GiB device is 1073 bytes.
+inline constexpr double kMinPercent = 0.0001;
+// A percentage in [kMinPercent, 100] followed by '%', or bytes as parse_bytes.
 std::optional<SizeSpec> parse_size_or_percent(const std::string& text);
 // The length of the leading decimal number of `text` ("12.5" of "12.5GiB"),
 // its value in *value; 0 if there is none.

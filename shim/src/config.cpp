@@ -13,7 +13,8 @@ namespace spillway {
 namespace {
 
 constexpr const char* kSizeForms =
-    "a size such as 40GiB, 512MiB, 1.5GB or 1073741824 (bytes), or a percentage such as 85%";
+    "a size such as 40GiB, 512MiB, 1.5GB or 1073741824 (bytes), or a percentage such as 85% "
+    "(0.0001% to 100%)";
 
 struct Variable {
   const char* name;

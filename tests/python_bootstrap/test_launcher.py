@@ -145,7 +145,7 @@ def test_a_preloaded_library_is_not_added_twice(spw):
 # --- Every value checked before anything runs ---------------------------------------
 
 SIZE_FORMS = ("a size such as 40GiB, 512MiB, 1.5GB or 1073741824 (bytes), "
-              "or a percentage such as 85%")
+              "or a percentage such as 85% (0.0001% to 100%)")
 
 BAD = [  # option, a bad value, what the message says is accepted
     ("--budget", "40G", SIZE_FORMS),
@@ -224,10 +224,11 @@ print(json.dumps(out))
 BUDGETS = [
     # accepted by the shim
     "40GiB", "512MiB", "1.5GB", "1073741824", "1", "1B", "4KiB", "0.5GiB", "1TB", "16TiB",
-    "40.0GiB", "0.1KB", "85%", "12.5%", "100%", "100.0%", "0.001%", "007GiB",
+    "40.0GiB", "0.1KB", "85%", "12.5%", "100%", "100.0%", "0.001%", "0.0001%", "007GiB",
     # refused by the shim
     "40G", "40gib", "40 GiB", " 40GiB", "40GiB ", "+4GiB", "-1GiB", "0", "0B", "0GiB", "0.0",
     "0.0001KiB", "1.5", "1.5B", "0%", "101%", "100.1%", "85 %", "%", "-5%", "nan", "inf",
+    "0.00009%", "0.0000000000000000000000001%",
     "1e3", "1e3GiB", "0x10", "0x10GiB", "0x55%", "1.GiB", ".5GiB", "1.%", "40GiBx", "",
     "lots", "\u0661\u0662GiB", "17999999999999999999", "18000000000000000000B",
     "99999999999999999999999GiB", "1" * 400, "1" * 400 + "%",

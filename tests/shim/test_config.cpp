@@ -464,7 +464,10 @@ TEST(ShimDocs, EveryVariableIsDocumented) {
 TEST(ShimConfig, EveryVariableRefusesWrongValuesByName) {
   const std::map<std::string, std::vector<std::string>> wrong = {
       {"SPILLWAY_MODE", {"", "Host", "evict", "on"}},
-      {"SPILLWAY_GPU_BUDGET", {"", "0", "-1GiB", "40 GiB", "40GB!", "abc", "1e3", "0%", "101%"}},
+      {"SPILLWAY_GPU_BUDGET",
+       {"", "0", "-1GiB", "40 GiB", "40GB!", "abc", "1e3", "0%", "101%", "0.00009%",
+        // fuzz_config found it: a share that resolved to 0 bytes, taken for no budget
+        "000000000000.0000000000000000000000000001000000000000085%"}},
       {"SPILLWAY_HOST_BUDGET", {"", "0", "lots", "1.5.2GiB", "99999999999999999999"}},
       {"SPILLWAY_HOST_RESERVE", {"", "-1", "half", "1000%", "8 GiB"}},
       {"SPILLWAY_MIN_BLOCK", {"", "0", "1TiB", "small"}},
