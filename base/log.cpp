@@ -4,7 +4,6 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <memory>
 #include <mutex>
 
@@ -34,15 +33,7 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t buf;
     formatter_->format(msg, buf);
-    const char* p = buf.data();
-    size_t n = buf.size();
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return;  // a full disk loses log lines, not the job
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
+    (void)write_all(fd_, buf.data(), buf.size());  // a full disk loses log lines, not the job
   }
   void flush_() override {}  // write() leaves nothing buffered here
 

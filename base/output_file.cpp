@@ -74,4 +74,15 @@ int open_output(const std::string& path, std::string* why, bool append) {
   return fd;
 }
 
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
 }  // namespace spillway

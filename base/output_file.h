@@ -15,6 +15,7 @@
 // - a file created is 0644, less the process's umask.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace spillway {
@@ -23,5 +24,9 @@ namespace spillway {
 // not repeat the path). `append`: written at its end (O_APPEND), not
 // truncated (a log file).
 int open_output(const std::string& path, std::string* why, bool append = false);
+
+// Writes all `n` bytes (retrying short writes and EINTR); false on an error,
+// with errno set.
+bool write_all(int fd, const char* p, size_t n);
 
 }  // namespace spillway

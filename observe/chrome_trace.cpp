@@ -60,17 +60,6 @@ const char* copy_kind_name(uint8_t k) {
   }
 }
 
-bool write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 // The simulated driver exports its own API next to CUDA's.
 bool driver_is_simulated() {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);

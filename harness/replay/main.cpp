@@ -264,19 +264,11 @@ int open_output_or_exit(const std::string& path, const char* option) {
 
 // Writes and closes; false (and says so) on a failed write.
 bool write_and_close(int fd, const std::string& text, const std::string& path) {
-  const char* p = text.data();
-  size_t n = text.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      std::fprintf(stderr, "spillway-replay: writing '%s' failed: %s\n", path.c_str(),
-                   std::strerror(errno));
-      ::close(fd);
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
+  if (!spillway::write_all(fd, text.data(), text.size())) {
+    std::fprintf(stderr, "spillway-replay: writing '%s' failed: %s\n", path.c_str(),
+                 std::strerror(errno));
+    ::close(fd);
+    return false;
   }
   return ::close(fd) == 0;
 }
