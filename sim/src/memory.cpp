@@ -535,6 +535,16 @@ CUresult map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocation
   if (offset + size > p->size)
     return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap: size %zu exceeds the allocation (%zu)", size,
                   p->size);
+  // cuda.h reads as if a part could be mapped ("offset + size must be less
+  // than the size of the memory allocation"); an H100 with driver 580.159.04
+  // refused the first granule of a two-granule handle with
+  // CUDA_ERROR_NOT_SUPPORTED (docs/gpu.md, run 17). Stricter than the text,
+  // as hardware is.
+  if (size != p->size)
+    return refuse(CUDA_ERROR_NOT_SUPPORTED,
+                  "cuMemMap: %zu bytes of an allocation of %zu: a part of an allocation cannot "
+                  "be mapped (refused on an H100, docs/gpu.md run 17)",
+                  size, p->size);
   Reservation* r = find_reservation(m, ptr);
   if (!r || r->classic || ptr + size > r->base + r->size)
     return refuse(CUDA_ERROR_INVALID_VALUE,

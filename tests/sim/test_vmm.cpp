@@ -191,7 +191,10 @@ TEST(SimVmm, MapOverExistingMappingIsInvalidValue) {
   ASSERT_CU(cuMemCreate(&h2, 2 * g, &prop, 0));
   ASSERT_CU(cuMemMap(va + g, g, 0, h1, 0));
   // Same start, same size.
-  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemMap(va + g, g, 0, h2, 0));
+  CUmemGenericAllocationHandle h4 = 0;
+  ASSERT_CU(cuMemCreate(&h4, g, &prop, 0));
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemMap(va + g, g, 0, h4, 0));
+  EXPECT_CU(cuMemRelease(h4));
   // Starts before the mapping and runs into it.
   EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, cuMemMap(va, 2 * g, 0, h2, 0));
   // Starts inside... the mapping is one granule, so: starts at it, runs past.
@@ -928,4 +931,22 @@ TEST(SimVmmOwnProcess, WithoutDataCopiesAreTimedAndCheckedButMoveNoByte) {
 
   ASSERT_CU(map_block(&closed, g, device_prop(), /*grant=*/false));
   EXPECT_EQ(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemcpyDtoH_v2(back.data(), closed.ptr, g));
+}
+
+// A part of an allocation cannot be mapped: an H100 refused the first
+// granule of a two-granule handle with CUDA_ERROR_NOT_SUPPORTED (docs/gpu.md,
+// run 17), though cuda.h's text reads as if it were allowed.
+TEST(SimVmm, MappingAPartOfAnAllocationIsNotSupported) {
+  init_primary();
+  const size_t g = granularity();
+  CUmemAllocationProp prop = device_prop();
+  CUdeviceptr va = 0;
+  ASSERT_CU(cuMemAddressReserve(&va, 2 * g, 0, 0, 0));
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_CU(cuMemCreate(&h, 2 * g, &prop, 0));
+  EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, cuMemMap(va, g, 0, h, 0));
+  EXPECT_CU(cuMemMap(va, 2 * g, 0, h, 0));  // the whole of it is
+  EXPECT_CU(cuMemUnmap(va, 2 * g));
+  EXPECT_CU(cuMemRelease(h));
+  EXPECT_CU(cuMemAddressFree(va, 2 * g));
 }
