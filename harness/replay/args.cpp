@@ -77,7 +77,7 @@ Args parse_args(int argc, const char* const* argv) {
       if (!v) return r;
       o.mode = *v;
       if (o.mode != "host" && o.mode != "managed" && o.mode != "off")
-        return bad("--mode must be host, managed or off");
+        return bad("--mode '" + *v + "' is not host, managed or off");
     } else if (a == "--strategy") {
       const auto v = value(i);
       if (!v) return r;

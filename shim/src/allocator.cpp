@@ -365,6 +365,9 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
                allocated);
     return;
   }
+  // Another stream it is freed on may still have work on it queued: its
+  // reuse (contract 3) and an evicted block's host release wait for it too.
+  if (stream != b->stream) note_user(b, stream);
   if (!b->parts.empty() && free_part(b, p, size)) return;
   table_.remove_live(b);
   if (b->large) chooser_->on_free(b->ptr);
@@ -383,6 +386,21 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;
   cache_.give(b, evicting ? streams_->d2h() : nullptr);
+}
+
+bool Allocator::is_live(const void* ptr) {
+  std::lock_guard lk(mu_);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (table_.live_at(p)) return true;
+  Block* b = table_.part_at(p);
+  return b && b->parts.count(p) > 0;
+}
+
+void Allocator::refuse_free(const void* ptr, size_t size, CUstream stream, const std::string& why) {
+  std::lock_guard lk(mu_);
+  ++s_.bad_frees;
+  log::error("free of {} ({} bytes, stream {}): {}; ignored", ptr, size,
+             static_cast<const void*>(stream), why);
 }
 
 void Allocator::free_evicted(Block* b) {

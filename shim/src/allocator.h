@@ -92,8 +92,14 @@ class Allocator final : public AccessSink, private DeviceRoom {
 
   void* malloc(size_t size, CUstream stream);
   // Refuses (logs, changes nothing) a pointer that is not a live allocation
-  // or a size that differs from the allocation's.
+  // or a size that differs from the allocation's. A free on another stream
+  // than the allocation's makes the block's reuse wait for that stream's
+  // work queued so far, as a use on it would.
   void free(void* ptr, size_t size, CUstream stream);
+  // `ptr` is a live allocation of this device's (the start of one).
+  bool is_live(const void* ptr);
+  // A free this allocator cannot take (`why`): logged, counted, nothing changed.
+  void refuse_free(const void* ptr, size_t size, CUstream stream, const std::string& why);
 
   // Residency, for tests and the access tracker: make the block that
   // contains `ptr` resident before `stream` uses it (cancelling an eviction

@@ -246,6 +246,14 @@ void Runtime::release(const Touch* touches, size_t n) {
   for_each_owner(touches, n, [](Allocator& a, const Touch* t, size_t m) { a.release(t, m); });
 }
 
+int Runtime::device_of(const void* ptr) {
+  const size_t n = active_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i)
+    if (Allocator* a = active_[i].load(std::memory_order_acquire); a && a->is_live(ptr))
+      return static_cast<int>(i);
+  return -1;
+}
+
 Allocator* Runtime::allocator(int device) {
   if (device < 0 || device > 1023) return nullptr;
   // Every malloc and free comes here: the common case takes no lock.

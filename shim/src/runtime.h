@@ -34,6 +34,9 @@ class Runtime final : public AccessSink {
   static Runtime* peek();
 
   Allocator* allocator(int device);  // nullptr if it cannot be had (logged once)
+  // The device whose allocator holds `ptr` as a live allocation, among
+  // those started; -1 if none.
+  int device_of(const void* ptr);
   Stats stats();
   // spillway_reset_peak_stats: every allocator's recent peaks.
   void reset_recent_peaks();

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "config.h"
 #include "runtime.h"
 #include "spillway_version.h"
@@ -30,6 +32,17 @@ ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* s
   if (!ptr) return;
   Runtime& rt = Runtime::get();
   spillway::Allocator* a = rt.allocator(device);
+  // Freed on another device than its own: a caller's bug that must not free
+  // the other device's block (or cost a byte); the owner names it.
+  if (!a || !a->is_live(ptr)) {
+    const int owner = rt.device_of(ptr);
+    if (owner >= 0 && owner != device) {
+      rt.allocator(owner)->refuse_free(
+          ptr, size, stream,
+          fmt::format("freed on device {}, but allocated on device {}", device, owner));
+      return;
+    }
+  }
   if (!a) return;
   if (!rt.observers().empty()) rt.observers().on_free({ptr, size, stream, device, nullptr});
   a->free(ptr, size, stream);

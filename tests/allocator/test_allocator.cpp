@@ -1015,6 +1015,31 @@ TEST_F(AllocatorTest, ASplitBlocksBadFreesAreRefusedAndLoseNothing) {
 // Contract 3 within a split block: a part another stream used is not handed
 // to a new allocation when freed (that stream's work on it may still be
 // queued); only once the whole block is freed, behind that stream's events.
+// A block freed on another stream than its allocation's: that stream's
+// work queued before the free may still use it, so its reuse waits for
+// that work, as if the stream had been seen using it (contract 3).
+TEST_F(AllocatorTest, ABlockFreedOnAnotherStreamIsNotReusedBeforeThatStreamsWork) {
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  auto a = make(0);
+  void* x = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, x);
+  queue_10ms(other);
+  fill(x, 4 * MiB, 43, other);  // a use spillway is not told of
+  a->free(x, 4 * MiB, other);
+  void* y = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, y);
+  EXPECT_NE(x, y) << "reused while the freeing stream's work on it was queued";
+  ASSERT_CU(cuCtxSynchronize());
+  void* z = a->malloc(4 * MiB, nullptr);
+  EXPECT_EQ(x, z) << "reusable once that work ended";
+  a->free(y, 4 * MiB, nullptr);
+  a->free(z, 4 * MiB, nullptr);
+  EXPECT_EQ(0u, a->stats().bad_frees);
+  EXPECT_EQ(0u, mismatches());
+  ASSERT_CU(cuStreamDestroy(other));
+}
+
 TEST_F(AllocatorTest, ASplitBlocksRangeAnotherStreamUsedIsNotReusedEarly) {
   CUstream other = nullptr;
   ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));

@@ -61,6 +61,62 @@ TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
   EXPECT_EQ(parse({}).error, "no trace given");
 }
 
+// Issue 15 item 3: every option with the values a user could get wrong,
+// each refused with words that name the option and the value
+// (docs/reliability.md, "Bad input refused by name", has this table).
+TEST(ReplayArgs, EveryOptionRefusesWrongValuesByName) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"job.spwt", "--budget"}, "--budget needs a value"},
+      {{"job.spwt", "--budget", ""}, "--budget is empty"},
+      {{"job.spwt", "--device-memory", "1.5"}, "--device-memory '1.5' is not a size such as 80GiB"},
+      {{"job.spwt", "--device-memory", "-1GiB"},
+       "--device-memory '-1GiB' is not a size such as 80GiB"},
+      {{"job.spwt", "--device-memory", "0"}, "--device-memory '0' is not a size such as 80GiB"},
+      {{"job.spwt", "--device-memory", "80 GiB"},
+       "--device-memory '80 GiB' is not a size such as 80GiB"},
+      {{"job.spwt", "--mode", "unified"}, "--mode 'unified' is not host, managed or off"},
+      {{"job.spwt", "--mode", "Host"}, "--mode 'Host' is not host, managed or off"},
+      {{"job.spwt", "--strategy", "magic"},
+       "--strategy 'magic' is not spillway, none, save_on_cpu, torchtune or layerwise"},
+      {{"job.spwt", "--steps", "-1"}, "--steps '-1' is not an integer >= 0"},
+      {{"job.spwt", "--steps", "2.5"}, "--steps '2.5' is not an integer >= 0"},
+      {{"job.spwt", "--steps", ""}, "--steps '' is not an integer >= 0"},
+      {{"job.spwt", "--steps", "99999999999999999999"},
+       "--steps '99999999999999999999' is not an integer >= 0"},
+      {{"job.spwt", "--layers", "0"}, "--layers '0' is not an integer from 1 to 10000"},
+      {{"job.spwt", "--offload-layers", "-1"},
+       "--offload-layers '-1' is not an integer from 0 to 10000"},
+      {{"job.spwt", "--json"}, "--json needs a value"},
+      {{"job.spwt", "--trace-out"}, "--trace-out needs a value"},
+      {{"job.spwt", "--shim"}, "--shim needs a value"},
+      {{"job.spwt", "--bugdet", "60%"}, "unknown option --bugdet"},
+      {{"a.spwt", "b.spwt"}, "more than one trace given"},
+      {{"--no-data"}, "no trace given"},
+  };
+  for (const Case& c : cases) {
+    const Args r = parse(c.args);
+    std::string shown;
+    for (const auto& a : c.args) shown += "'" + a + "' ";
+    EXPECT_EQ(r.action, Args::Action::kBad) << shown;
+    EXPECT_EQ(r.error, c.error) << shown;
+  }
+  // The budget's value is checked against the trace's peak once it is read.
+  std::string error;
+  for (const auto& [budget, why] : std::vector<std::pair<std::string, std::string>>{
+           {"0%", "--budget '0%' is not a percentage in (0, 100]"},
+           {"101%", "--budget '101%' is not a percentage in (0, 100]"},
+           {"-5%", "--budget '-5%' is not a percentage in (0, 100]"},
+           {"12parsecs", "--budget '12parsecs' is not a size such as 40GiB or a percentage"},
+           {"0.01%", "--budget 0.01% is 0 bytes"}}) {
+    EXPECT_FALSE(replay::parse_budget(budget, 1000, &error)) << budget;
+    EXPECT_EQ(error, why) << budget;
+  }
+}
+
 // Found writing fuzz_replay_args's checks (layers >= 0), which then failed
 // on it: --layers 4294967295 became -1 layers (the int it was cast to),
 // 4294967297 one layer, and 2000000000 made the analysis keep two billion

@@ -10,6 +10,7 @@
  *
  *   malloc S SIZE      spillway_malloc(SIZE, 0, NULL)  -> "malloc S PTR" or "malloc S null"
  *   free S SIZE        spillway_free(slot S, SIZE, 0, NULL) -> "free S PTR"
+ *   free_on S SIZE D   spillway_free(slot S, SIZE, D, NULL) -> "free_on S PTR D"
  *   free_unknown SIZE  frees 0x1000, never returned -> "free_unknown 0x1000"
  *   free_inner S SIZE  frees slot S + 512 (inside a block) -> "free_inner S PTR"
  *   fill S SIZE SEED   writes a pattern with cuMemcpyHtoD -> "fill S ok" or "fill S err CODE"
@@ -215,6 +216,13 @@ int main(int argc, char** argv) {
       p_free(slots[s], size, 0, NULL);
       printf("free %c %p\n", 'a' + s, slots[s]);
       i += 2;
+    } else if (strcmp(cmd, "free_on") == 0) {
+      size_t device = 0;
+      if (s < 0 || !parse_size(a2, &size) || !parse_size(a3, &device))
+        return usage("free_on SLOT SIZE DEVICE");
+      p_free(slots[s], size, (int)device, NULL);
+      printf("free_on %c %p %zu\n", 'a' + s, slots[s], device);
+      i += 3;
     } else if (strcmp(cmd, "free_unknown") == 0) {
       if (!parse_size(a1, &size)) return usage("free_unknown SIZE");
       void* p = (void*)(uintptr_t)0x1000;

@@ -725,6 +725,25 @@ TEST_F(ShimAbi, LogLinesNameTheRankAndPidUnderTorchrun) {
   EXPECT_TRUE(contains(alone.err, "[spillway E] free of 0x1000")) << alone.err;
 }
 
+// A free that names another device than the allocation's is a caller's
+// bug: it is refused by name, and neither device's block is touched.
+TEST_F(ShimAbi, AFreeOnAnotherDeviceIsRefusedByNameAndLosesNothing) {
+  Child r = probe({"malloc",  "a",     sz(4 * MiB), "fill", "a",         sz(4 * MiB), "9",
+                   "free_on", "a",     sz(4 * MiB), "1",    "check",     "a",         sz(4 * MiB),
+                   "9",       "stats", "free",      "a",    sz(4 * MiB), "stats"},
+                  {"SIMCUDA_DEVICE_COUNT=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "freed on device 1, but allocated on device 0; ignored")) << r.err;
+  EXPECT_EQ(r.reply("check a"), "check a ok") << r.describe();
+  auto m = stats_members(r.stats(0));
+  EXPECT_EQ(counter(m, "bad_frees"), 1);
+  EXPECT_EQ(counter(m, "live_bytes"), static_cast<long long>(4 * MiB));
+  // Still live on its own device, it frees normally there.
+  auto after = stats_members(r.stats(1));
+  EXPECT_EQ(counter(after, "frees"), 1);
+  EXPECT_EQ(counter(after, "live_bytes"), 0);
+}
+
 TEST_F(ShimAbi, FreeOfAnUnknownPointerIsLoggedCountedAndIgnored) {
   Child r =
       probe({"malloc",       "a",    sz(4 * MiB),  "fill", "a",         sz(4 * MiB), "7",
