@@ -9,7 +9,9 @@ Each job is one replay, every byte checked, with its own draw (seeded by
 --seed and the job's number, so any job reruns alone with --first N
 --jobs 1): a committed trace, its sizes scaled by 1, 2 or 3 (allocations,
 touches and copies alike, so every access stays inside its allocation), a
-budget of 20-100% of its peak, the simulator's jitter on or off
+budget of 20-100% of its peak, its work on one stream or spread over two or
+three (some frees on another stream than the allocation's), the
+simulator's jitter on or off
 (SIMCUDA_JITTER, a seed), and in about a third of the jobs one injected
 driver failure (SIMCUDA_FAIL, an entry point spillway calls at a call
 number up to 300). Each job must end as fault_matrix.py requires (goes on,
@@ -65,6 +67,40 @@ def scaled(trace, k, cache):
     return out
 
 
+def restreamed(trace, n, seed, cache):
+    """`trace` with its work spread over `n` streams (cached): each launch
+    and copy stays on the stream of the one before it or, one time in four,
+    moves to another; an allocation is made on the stream current then, and
+    one free in eight is made on another stream than its allocation's. The
+    replayer orders a use on another stream than the allocation's last user
+    after that user (an event), as PyTorch's record_stream would, so every
+    byte still has one right value."""
+    if n == 1:
+        return trace
+    out = os.path.join(cache, f"{os.path.basename(trace)}.s{n}.{seed}.spwt")
+    if os.path.exists(out):
+        return out
+    rng = random.Random(seed)
+    meta, records = st.read(trace)
+    meta = dict(meta, soak_streams=n)
+    current, alloc_stream = 0, {}
+    with st.Writer(out, meta) as w:
+        for r in records:
+            if isinstance(r, (st.Launch, st.Copy)):
+                if rng.random() < 0.25:
+                    current = rng.randrange(n)
+                r = r._replace(stream=current)
+            elif isinstance(r, st.Alloc):
+                alloc_stream[r.alloc] = current
+                r = r._replace(stream=current)
+            elif isinstance(r, st.Free):
+                own = alloc_stream.pop(r.alloc, current)
+                other = [x for x in range(n) if x != own]
+                r = r._replace(stream=rng.choice(other) if rng.random() < 0.125 else own)
+            w.write(r)
+    return out
+
+
 def draw(seed, job, traces):
     rng = random.Random(seed * 1_000_003 + job)
     trace = rng.choice(traces)
@@ -77,6 +113,8 @@ def draw(seed, job, traces):
         "jitter": rng.choice([0, rng.randint(1, 1 << 30)]),
         "fault": (f"{rng.choice(FAULTS)}:{rng.randint(1, 300)}" if rng.random() < 1 / 3 else ""),
         "steps": steps,
+        # Drawn last, so that adding it left the earlier draws of each job as they were.
+        "streams": rng.choice([1, 1, 2, 3]),
     }
 
 
@@ -100,6 +138,7 @@ def main():
     for job in range(args.first, args.first + args.jobs):
         d = draw(args.seed, job, traces)
         path = scaled(os.path.join(TRACES, d["trace"] + ".spwt"), d["scale"], cache)
+        path = restreamed(path, d["streams"], args.seed * 1_000_003 + job, cache)
         extra = ["--steps", str(d["steps"])] if d["steps"] else []
         env = {"SIMCUDA_JITTER": str(d["jitter"])} if d["jitter"] else {}
         p, res, why = fault_matrix.run(args.replay, args.shim, path, d["budget"], args.timeout,
@@ -111,6 +150,7 @@ def main():
         key = outcome.split(":")[0]
         outcomes[key] = outcomes.get(key, 0) + 1
         line = f"job {job}: {d['trace']} x{d['scale']} at {d['budget']}" + \
+            (f", {d['streams']} streams" if d["streams"] > 1 else "") + \
             (f", jitter {d['jitter']}" if d["jitter"] else "") + \
             (f", fail {d['fault']}" if d["fault"] else "") + f" -> {outcome}"
         print(line, flush=True)
