@@ -84,6 +84,10 @@ class ActivityBuffers {
   size_t peak_in_use() const { return peak_in_use_.load(std::memory_order_relaxed); }
   uint64_t records() const { return records_; }
   uint64_t unknown_records() const { return unknown_; }
+  // Buffers CUPTI could not read to their end (cuptiActivityGetNextRecord
+  // failed before CUPTI_ERROR_MAX_LIMIT_REACHED): the records after the
+  // failure are lost, and how many is not known.
+  uint64_t cut_buffers() const { return cut_.load(std::memory_order_relaxed); }
 
  private:
   ActivityBuffers(const Api& api, void (*wake)(void*), void* ctx);
@@ -111,6 +115,16 @@ class ActivityBuffers {
   uint64_t dropped_ = 0;  // CUPTI's count, accumulated (consumer only)
   uint64_t records_ = 0;  // consumer only
   uint64_t unknown_ = 0;  // records of other kinds (consumer only)
+  std::atomic<uint64_t> cut_{0};
+  // The next record of a buffer: true while there is one; a failure other
+  // than the buffer's end counts the buffer as cut.
+  bool next_record(uint8_t* base, size_t valid, CUpti_Activity** r) {
+    if (valid == 0) return false;
+    const CUptiResult res = api_.cuptiActivityGetNextRecord(base, valid, r);
+    if (res == CUPTI_SUCCESS) return true;
+    if (res != CUPTI_ERROR_MAX_LIMIT_REACHED) cut_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
 };
 
 template <class F>
@@ -121,8 +135,7 @@ size_t ActivityBuffers::drain(F&& fn) {
   for (size_t i = 0; i < n; ++i) {
     uint8_t* base = storage_.get() + got[i].first * kBufferBytes;
     CUpti_Activity* r = nullptr;
-    while (got[i].second > 0 &&
-           api_.cuptiActivityGetNextRecord(base, got[i].second, &r) == CUPTI_SUCCESS) {
+    while (next_record(base, got[i].second, &r)) {
       DeviceRecord d;
       if (!decode(r, &d)) continue;
       fn(static_cast<const DeviceRecord&>(d));
@@ -143,8 +156,7 @@ size_t ActivityBuffers::drain_buffers(std::vector<DeviceRecord>& scratch, F&& fn
     uint8_t* base = storage_.get() + got[i].first * kBufferBytes;
     CUpti_Activity* r = nullptr;
     scratch.clear();
-    while (got[i].second > 0 &&
-           api_.cuptiActivityGetNextRecord(base, got[i].second, &r) == CUPTI_SUCCESS) {
+    while (next_record(base, got[i].second, &r)) {
       DeviceRecord d;
       if (decode(r, &d)) scratch.push_back(d);
     }
@@ -196,6 +208,7 @@ class ActivityReader {
   // Thread-safe views of ActivityBuffers' counters.
   uint64_t dropped();
   size_t peak_in_use() const { return buffers_->peak_in_use(); }
+  uint64_t cut_buffers() const { return buffers_->cut_buffers(); }
 
  private:
   explicit ActivityReader(const Api& api) : api_(api), owner_pid_(current_pid()) {}

@@ -620,6 +620,7 @@ void ChromeTrace::close_file() {
   if (activity_) {
     std::lock_guard lk(counters_mu_);
     c_.records_dropped = activity_->dropped();
+    c_.buffers_cut = activity_->cut_buffers();
     c_.activity_buffers_peak = activity_->peak_in_use();
   }
   const Counters c = counters();
@@ -631,15 +632,15 @@ void ChromeTrace::close_file() {
       ",\"bytes_restored\":%" PRIu64 ",\"transfers_device_clock\":%" PRIu64
       ",\"transfers_host_clock\":%" PRIu64 ",\"uncommitted_copies\":%" PRIu64
       ",\"memory_samples\":%" PRIu64 ",\"ooms_avoided\":%" PRIu64 ",\"events_dropped\":%" PRIu64
-      ",\"records_dropped\":%" PRIu64 ",\"clamped_timestamps\":%" PRIu64
+      ",\"records_dropped\":%" PRIu64 ",\"buffers_cut\":%" PRIu64 ",\"clamped_timestamps\":%" PRIu64
       ",\"ring_peak\":%zu,\"ring_cap\":%zu,\"out_peak_bytes\":%zu,\"out_cap_bytes\":%zu,"
       "\"join_peak\":%zu,\"join_cap\":%zu,\"activity_buffers_peak\":%zu,"
       "\"activity_buffers\":%zu,\"activity_buffer_bytes\":%zu}}",
       t.c_str(), c.kernels, c.memcpys, c.memsets, c.evictions, c.restores, c.bytes_evicted,
       c.bytes_restored, c.transfers_device_clock, c.transfers_host_clock, c.uncommitted_copies,
-      c.memory_samples, c.ooms_avoided, c.events_dropped, c.records_dropped, c.clamped, c.ring_peak,
-      c.ring_cap, c.out_peak, c.out_cap, c.join_peak, c.join_cap, c.activity_buffers_peak,
-      c.activity_buffers, cupti::ActivityBuffers::kBufferBytes);
+      c.memory_samples, c.ooms_avoided, c.events_dropped, c.records_dropped, c.buffers_cut,
+      c.clamped, c.ring_peak, c.ring_cap, c.out_peak, c.out_cap, c.join_peak, c.join_cap,
+      c.activity_buffers_peak, c.activity_buffers, cupti::ActivityBuffers::kBufferBytes);
   const char tail[] = "]\n";
   if (out_len_ + sizeof tail > limits_.out_bytes) write_out();
   std::memcpy(out_.get() + out_len_, tail, sizeof tail - 1);
@@ -719,7 +720,7 @@ std::string ChromeTrace::describe() const {
                 simulated_    ? "; times are simulated"
                 : sim_driver_ ? "; times are host time over a simulated GPU"
                               : "",
-                c.events_dropped || c.records_dropped
+                c.events_dropped || c.records_dropped || c.buffers_cut
                     ? "; some events were dropped (see the end event)"
                     : "");
   return buf;

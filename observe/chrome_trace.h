@@ -55,6 +55,7 @@ class ChromeTrace final : public Observer, public cupti::ActivityListener {
     uint64_t events_dropped = 0;   // allocator events lost: the ring and the spill were full
     uint64_t events_late = 0;      // arrived after the trace was closed
     uint64_t records_dropped = 0;  // activity records CUPTI had no buffer for
+    uint64_t buffers_cut = 0;      // activity buffers CUPTI could not read to their end
     uint64_t clamped = 0;          // timestamps before the trace's time base
     uint64_t bytes_written = 0;
     size_t ring_peak = 0, ring_cap = 0;

@@ -243,11 +243,28 @@ TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {
   EXPECT_EQ(json_number(at_exit, "bytes_evicted"), s.at("bytes_evicted"));
   EXPECT_EQ(0, s.at("end_events_dropped"));
   EXPECT_EQ(0, s.at("end_records_dropped"));
+  EXPECT_EQ(0, s.at("end_buffers_cut"));
   EXPECT_EQ(s.at("kernels"), s.at("end_kernels"));
   // The exit summary names the file and what it holds.
   const std::string log = read_file(dir_ + "/spillway.log");
   EXPECT_NE(std::string::npos, log.find("trace " + trace_ + ": 24 kernels")) << log;
   EXPECT_NE(std::string::npos, log.find("times are simulated")) << log;
+}
+
+// A buffer CUPTI cannot read to its end (cuptiActivityGetNextRecord failing
+// before the buffer's end, SIMCUPTI_FAIL) loses the records after the
+// failure: the trace still closes and loads, its end event counts the
+// buffer, and the exit summary says that something was dropped.
+TEST_F(ChromeTraceRun, AnActivityBufferCuptiCannotReadToItsEndIsCounted) {
+  auto e = env();
+  e.push_back("SIMCUPTI_FAIL=cuptiActivityGetNextRecord:3");
+  std::string stats;
+  Summary s;
+  ASSERT_NO_FATAL_FAILURE(run_job(e, &stats, &s));
+  EXPECT_EQ(1, s.at("closed"));
+  EXPECT_GE(s.at("end_buffers_cut"), 1);
+  const std::string log = read_file(dir_ + "/spillway.log");
+  EXPECT_NE(std::string::npos, log.find("some events were dropped (see the end event)")) << log;
 }
 
 // SPILLWAY_STACKS=1: every eviction and restore names its block's allocation
