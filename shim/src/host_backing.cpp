@@ -222,9 +222,15 @@ class HostBacking final : public Backing {
       return CUDA_SUCCESS;
     }
     // Roll back: the host copy stays mapped at the block's address.
-    if (unmapped) map_host(b);
+    if (unmapped && !map_host(b))
+      log::error(
+          "restore of {:#x}: its host copy could not be mapped back either: the block's address "
+          "is unmapped and an access to it faults; its bytes are kept in host memory",
+          b->ptr);
     p_.dev.give(h, b->cap);
-    log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
+    log::warn("restore of {:#x} failed: {}", b->ptr,
+              r == CUDA_SUCCESS ? std::string("its host copy could not be unmapped")
+                                : cu::describe(p_.d, r));
     return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_PERMITTED : r;
   }
 

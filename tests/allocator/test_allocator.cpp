@@ -654,6 +654,57 @@ TEST_F(AllocatorTest, InjectedFailuresLeaveTheBlockValidAndResident) {
   EXPECT_EQ(0u, mismatches());
 }
 
+// Issue 15 item 2: the restore a launch waits for fails at each of its
+// driver calls in turn (the copy, the unmap of the host copy, the map and
+// the access grant of the device memory, the last two with their retry):
+// the launch goes on against the host copy, mapped again at the block's
+// address if it was unmapped (contract 2), its writes land there, and the
+// next use restores the block with every byte. (A map that fails at every
+// call from then on cannot map the host copy back either: docs/reliability.md.)
+TEST_F(AllocatorTest, ARestoreFailingWhileItsLaunchWaitsLeavesTheBlockUsableFromTheHost) {
+  auto a = make(0);
+  constexpr size_t kSize = 4 * MiB;
+  void* p = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, kSize, 60, nullptr);
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  const spillway::Touch t{lo, lo + kSize};
+  uint64_t seq = 0, seed = 60;
+  struct Fault {
+    const char* call;
+    uint64_t times;  // its calls from now that fail: the first, or the first two
+  };
+  for (const Fault f : {Fault{"cuMemcpyDtoDAsync", 1}, Fault{"cuMemUnmap", 1}, Fault{"cuMemMap", 2},
+                        Fault{"cuMemSetAccess", 2}}) {
+    ASSERT_CU(a->evict(p));
+    ASSERT_EQ(Allocator::Residency::kHost, a->residency(p)) << f.call;
+    const uint64_t restored = a->stats().blocks_restored;
+    for (uint64_t n = 1; n <= f.times; ++n)
+      ASSERT_CU(simcuda_fail_call(f.call, n, 0, CUDA_ERROR_OUT_OF_MEMORY));
+    const uint64_t calls = simcuda_call_count(f.call);
+    spillway::Access acc;
+    acc.seq = ++seq;
+    a->before_use(acc, &t, 1);  // the launch's restore fails
+    EXPECT_GE(simcuda_call_count(f.call), calls + f.times) << f.call << ": its failures reached";
+    EXPECT_EQ(Allocator::Residency::kHost, a->residency(p)) << f.call;
+    EXPECT_EQ(restored, a->stats().blocks_restored) << f.call;
+    check(p, kSize, seed, nullptr);  // the launch, through the host mapping
+    fill(p, kSize, ++seed, nullptr);
+    a->release(&t, 1);
+    simcuda_clear_faults();
+    acc.seq = ++seq;
+    a->before_use(acc, &t, 1);  // the next use restores it
+    EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p)) << f.call;
+    check(p, kSize, seed, nullptr);
+    a->release(&t, 1);
+  }
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, mismatches());
+  char buf[256];
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, buf, sizeof buf)) << buf;
+  a->free(p, kSize, nullptr);
+}
+
 // A driver failure that does not repeat costs no allocation: a victim whose
 // eviction copy fails is replaced by another, and a map or a device create
 // the driver refuses once is asked for again (docs/reliability.md).
