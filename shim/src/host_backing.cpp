@@ -282,7 +282,11 @@ class HostBacking final : public Backing {
       return true;
     }
     // Back to the host copy, whole; the device copy is dropped.
-    if (unmapped) map_host(b);
+    if (unmapped && !map_host(b))
+      log::error(
+          "prefetch of {:#x}: its host copy could not be mapped back either: the block's "
+          "address is unmapped and an access to it faults; its bytes are kept in host memory",
+          b->ptr);
     drop_device_copy(b);
     log::warn("prefetch of {:#x} could not be swapped in; it stays on the host", b->ptr);
     return false;

@@ -705,6 +705,47 @@ TEST_F(AllocatorTest, ARestoreFailingWhileItsLaunchWaitsLeavesTheBlockUsableFrom
   a->free(p, kSize, nullptr);
 }
 
+// The same for a prefetched block whose swap fails when a launch needs it
+// (the host unmap, or the device map or access grant at both tries): the
+// address goes back to the host copy, the device copy is dropped, and the
+// launch's restore on demand brings every byte.
+TEST_F(AllocatorTest, APrefetchWhoseSwapFailsWhenItsLaunchNeedsItLosesNothing) {
+  auto a = make(0);
+  constexpr size_t kSize = 4 * MiB;
+  void* p = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, kSize, 70, nullptr);
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  const spillway::Touch t{lo, lo + kSize};
+  uint64_t seq = 0, seed = 70;
+  for (const auto& [call, times] : std::vector<std::pair<const char*, uint64_t>>{
+           {"cuMemUnmap", 1}, {"cuMemMap", 2}, {"cuMemSetAccess", 2}}) {
+    ASSERT_CU(a->evict(p));
+    ASSERT_EQ(1u, prefetch(*a, p)) << call;
+    ASSERT_EQ(Allocator::Residency::kArriving, a->residency(p)) << call;
+    const uint64_t used = a->stats().prefetches_used;
+    for (uint64_t n = 1; n <= times; ++n)
+      ASSERT_CU(simcuda_fail_call(call, n, 0, CUDA_ERROR_OUT_OF_MEMORY));
+    const uint64_t calls = simcuda_call_count(call);
+    spillway::Access acc;
+    acc.seq = ++seq;
+    a->before_use(acc, &t, 1);  // the swap fails; the restore on demand follows
+    EXPECT_GE(simcuda_call_count(call), calls + times) << call << ": its failures reached";
+    EXPECT_EQ(used, a->stats().prefetches_used) << call;
+    EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p)) << call;
+    check(p, kSize, seed, nullptr);
+    fill(p, kSize, ++seed, nullptr);
+    a->release(&t, 1);
+    simcuda_clear_faults();
+  }
+  check(p, kSize, seed, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, mismatches());
+  char buf[256];
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, buf, sizeof buf)) << buf;
+  a->free(p, kSize, nullptr);
+}
+
 // A driver failure that does not repeat costs no allocation: a victim whose
 // eviction copy fails is replaced by another, and a map or a device create
 // the driver refuses once is asked for again (docs/reliability.md).
