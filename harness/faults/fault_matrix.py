@@ -4,7 +4,8 @@ first call and at a later one, in a replay with every byte checked, and says
 what happened (issue 15 item 2; docs/reliability.md, "Driver failures").
 
     fault_matrix.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
-        [--trace harness/traces/gpt_varlen.spwt] [--budget 40%] [--seed 1] [--out table.md]
+        [--trace harness/traces/gpt_varlen.spwt] [--budget 40%] [--mode host|managed] \
+        [--seed 1] [--out table.md]
 
 A clean run first gives each entry point's call count (the replayer's
 `driver_calls`). Then, for each entry point called at least once, one run
@@ -113,6 +114,8 @@ def main():
     ap.add_argument("--trace", default=os.path.join(os.path.dirname(__file__), "..", "traces",
                                                     "gpt_varlen.spwt"))
     ap.add_argument("--budget", default="40%")
+    ap.add_argument("--mode", default="host", choices=["host", "managed"],
+                    help="SPILLWAY_MODE of the replays (the replayer's --mode)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
     ap.add_argument("--only", default="", help="comma-separated entry points (default: all called)")
@@ -121,8 +124,10 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="spw-faults-")
     jp = os.path.join(tmp, "run.json")
+    mode = ["--mode", args.mode]
+
     def run_with(fault):
-        return run(args.replay, args.shim, args.trace, args.budget, args.timeout, fault, jp)
+        return run(args.replay, args.shim, args.trace, args.budget, args.timeout, fault, jp, mode)
 
     p, d, why = run_with("")
     ok, outcome = classify(p, d, why)
@@ -161,7 +166,8 @@ def main():
             # failed too, and the trace must still load.
             trace_json = os.path.join(tmp, "trace.json")
             p, d, why = run(args.replay, args.shim, args.trace, args.budget, args.timeout, "",
-                            jp, env_add={"SIMCUPTI_FAIL": spec, "SPILLWAY_TRACE": trace_json})
+                            jp, mode,
+                            env_add={"SIMCUPTI_FAIL": spec, "SPILLWAY_TRACE": trace_json})
             ok, outcome = classify(p, d, why)
             if ok:
                 try:

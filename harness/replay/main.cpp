@@ -102,27 +102,15 @@ std::string read_text(const std::string& p) {
 
 // The driver entry points spillway calls on its own behalf (shim/src),
 // reported in the JSON with their call counts (base names: every version).
-constexpr const char* kCountedCalls[] = {"cuMemCreate",
-                                         "cuMemRelease",
-                                         "cuMemMap",
-                                         "cuMemSetAccess",
-                                         "cuMemUnmap",
-                                         "cuMemAddressReserve",
-                                         "cuMemAddressFree",
-                                         "cuMemcpyDtoDAsync",
-                                         "cuEventCreate",
-                                         "cuEventRecord",
-                                         "cuEventSynchronize",
-                                         "cuEventQuery",
-                                         "cuStreamCreate",
-                                         "cuStreamCreateWithPriority",
-                                         "cuStreamWaitEvent",
-                                         "cuStreamQuery",
-                                         "cuMemGetAllocationGranularity",
-                                         "cuDevicePrimaryCtxRetain",
-                                         "cuCtxSetCurrent",
-                                         "cuDeviceTotalMem",
-                                         "cuMemGetInfo"};
+constexpr const char* kCountedCalls[] = {
+    "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+    "cuMemAddressReserve", "cuMemAddressFree", "cuMemcpyDtoDAsync", "cuEventCreate",
+    "cuEventRecord", "cuEventSynchronize", "cuEventQuery", "cuStreamCreate",
+    "cuStreamCreateWithPriority", "cuStreamWaitEvent", "cuStreamQuery",
+    "cuMemGetAllocationGranularity", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+    "cuDeviceTotalMem", "cuMemGetInfo",
+    // SPILLWAY_MODE=managed
+    "cuMemAllocManaged", "cuMemFree", "cuMemPrefetchAsync"};
 
 struct Baseline {
   uint64_t peak = 0;

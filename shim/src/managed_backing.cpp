@@ -25,8 +25,12 @@ class ManagedBacking final : public Backing {
   Block* create(size_t cap, CUstream stream) override {
     if (!take_device(cap)) return nullptr;
     CUdeviceptr ptr = 0;
-    if (CUresult r = CU_CALL(p_.d, cuMemAllocManaged, &ptr, cap, CU_MEM_ATTACH_GLOBAL);
-        r != CUDA_SUCCESS) {
+    // Asked twice, as a device create is (docs/reliability.md, "Driver
+    // failures"): a failure the driver does not repeat costs a call, not an
+    // allocation.
+    CUresult r = CU_CALL(p_.d, cuMemAllocManaged, &ptr, cap, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS) r = CU_CALL(p_.d, cuMemAllocManaged, &ptr, cap, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS) {
       beyond_pool_ -= cap;
       log::error("cuMemAllocManaged of {} bytes on device {} failed: {}", cap, p_.device,
                  cu::describe(p_.d, r));
@@ -37,7 +41,7 @@ class ManagedBacking final : public Backing {
     // prefetch into its graph: the copy stream does it then, and the host
     // waits.
     const bool capturing = p_.streams.not_capturing(stream) != CUDA_SUCCESS;
-    CUresult r = prefetch(ptr, cap, true, capturing ? p_.streams.h2d() : stream);
+    r = prefetch(ptr, cap, true, capturing ? p_.streams.h2d() : stream);
     if (r == CUDA_SUCCESS && capturing) r = p_.streams.drain(p_.streams.h2d());
     // Not a reason to fail the allocation (contract 4): untouched managed
     // pages are populated where the GPU first touches them, at the cost of

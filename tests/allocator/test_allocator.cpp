@@ -2467,8 +2467,18 @@ TEST_F(ManagedTest, ManagedAllocationFailureReturnsNullAndKeepsEveryByte) {
   void* p = a->malloc(4 * MiB, nullptr);
   ASSERT_NE(nullptr, p);
   fill(p, 4 * MiB, 55, nullptr);
+  // A failure the driver does not repeat costs a call, not the allocation.
   ASSERT_CU(simcuda_fail_call("cuMemAllocManaged", 1, 0, CUDA_ERROR_OUT_OF_MEMORY));
-  EXPECT_EQ(nullptr, a->malloc(8 * MiB, nullptr));
+  const uint64_t calls = simcuda_call_count("cuMemAllocManaged");
+  void* once = a->malloc(8 * MiB, nullptr);
+  ASSERT_NE(nullptr, once) << "asked again";
+  EXPECT_EQ(calls + 2, simcuda_call_count("cuMemAllocManaged"));
+  a->free(once, 8 * MiB, nullptr);
+  simcuda_clear_faults();
+  // One that repeats ends in NULL (10 MiB: the cached 8 MiB block cannot serve it).
+  ASSERT_CU(simcuda_fail_call("cuMemAllocManaged", 1, 1, CUDA_ERROR_OUT_OF_MEMORY));
+  EXPECT_EQ(nullptr, a->malloc(10 * MiB, nullptr));
+  simcuda_clear_faults();
   auto st = a->stats();
   EXPECT_EQ(1u, st.ooms);
   EXPECT_EQ(4 * MiB, st.resident_bytes) << "the failed block is not counted";
