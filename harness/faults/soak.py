@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -138,12 +139,15 @@ def main():
     for job in range(args.first, args.first + args.jobs):
         d = draw(args.seed, job, traces)
         path = scaled(os.path.join(TRACES, d["trace"] + ".spwt"), d["scale"], cache)
+        scaled_path = path
         path = restreamed(path, d["streams"], args.seed * 1_000_003 + job, cache)
         extra = ["--steps", str(d["steps"])] if d["steps"] else []
         env = {"SIMCUDA_JITTER": str(d["jitter"])} if d["jitter"] else {}
         p, res, why = fault_matrix.run(args.replay, args.shim, path, d["budget"], args.timeout,
                                        d["fault"], os.path.join(cache, "run.json"), extra, env)
         ok, outcome = fault_matrix.classify(p, res, why)
+        if path != scaled_path:
+            os.unlink(path)  # one job's own: a long soak would fill the disk
         if ok and res and not res.get("oom") and res.get("within_budget") is False:
             ok, outcome = False, "OVER BUDGET: peak %d > budget %d" % (
                 res.get("peak_device_bytes", 0), res.get("budget_bytes", 0))
@@ -161,6 +165,7 @@ def main():
             failures.append((job, line))
             if p is not None:
                 print("  the end of its stderr:\n" + "\n".join(p.stderr.splitlines()[-15:]))
+    shutil.rmtree(cache, ignore_errors=True)
     print(f"soak: {args.jobs} jobs in {time.time() - start:.0f} s (wall), "
           + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())) + f"; {len(failures)} failed")
     for job, line in failures:

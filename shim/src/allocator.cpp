@@ -338,37 +338,41 @@ void Allocator::check_plan_still_fits() {
       o_.device, at, format_bytes(step_allocated_));
 }
 
-void Allocator::free(void* ptr, size_t size, CUstream stream) {
-  InternalCalls internal;
-  if (!ptr) return;
-  std::lock_guard lk(mu_);
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
+Block* Allocator::live_block(uintptr_t p, size_t* allocated) {
   Block* b = table_.live_at(p);
   if (!b) b = table_.part_at(p);
-  size_t allocated = b ? b->size : 0;
+  *allocated = b ? b->size : 0;
   if (b && !b->parts.empty()) {
     auto it = b->parts.find(p);
-    allocated = it == b->parts.end() ? 0 : it->second;
+    *allocated = it == b->parts.end() ? 0 : it->second;
     if (it == b->parts.end()) b = nullptr;  // a split block's start, freed before
   }
-  if (!b) {
-    ++s_.bad_frees;
-    log::error(
-        "free of {} ({} bytes, stream {}): not a live spillway allocation (double free "
-        "or unknown pointer); ignored",
-        ptr, size, static_cast<void*>(stream));
-    return;
-  }
+  return b;
+}
+
+void Allocator::free(void* ptr, size_t size, CUstream stream) {
+  if (ptr && !try_free(ptr, size, stream))
+    refuse_free(ptr, size, stream,
+                "not a live spillway allocation (double free or unknown pointer)");
+}
+
+bool Allocator::try_free(void* ptr, size_t size, CUstream stream) {
+  InternalCalls internal;
+  std::lock_guard lk(mu_);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  size_t allocated = 0;
+  Block* b = live_block(p, &allocated);
+  if (!b) return false;
   if (size != allocated) {
     ++s_.bad_frees;
     log::error("free of {} with size {}, but it was allocated with {} bytes; ignored", ptr, size,
                allocated);
-    return;
+    return true;
   }
   // Another stream it is freed on may still have work on it queued: its
   // reuse (contract 3) and an evicted block's host release wait for it too.
   if (stream != b->stream) note_user(b, stream);
-  if (!b->parts.empty() && free_part(b, p, size)) return;
+  if (!b->parts.empty() && free_part(b, p, size)) return true;
   table_.remove_live(b);
   if (b->large) chooser_->on_free(b->ptr);
   b->live = false;
@@ -379,21 +383,20 @@ void Allocator::free(void* ptr, size_t size, CUstream stream) {
   if (b->where == Block::Where::kArriving) backing_->abort_prefetch(b);  // its copy is of no use
   if (b->where == Block::Where::kHost) {
     free_evicted(b);
-    return;
+    return true;
   }
   streams_->clear_marks(*b);
   // A block freed during its eviction copy keeps its device copy.
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;
   cache_.give(b, evicting ? streams_->d2h() : nullptr);
+  return true;
 }
 
 bool Allocator::is_live(const void* ptr) {
   std::lock_guard lk(mu_);
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  if (table_.live_at(p)) return true;
-  Block* b = table_.part_at(p);
-  return b && b->parts.count(p) > 0;
+  size_t allocated = 0;
+  return live_block(reinterpret_cast<uintptr_t>(ptr), &allocated) != nullptr;
 }
 
 void Allocator::refuse_free(const void* ptr, size_t size, CUstream stream, const std::string& why) {

@@ -96,6 +96,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // than the allocation's makes the block's reuse wait for that stream's
   // work queued so far, as a use on it would.
   void free(void* ptr, size_t size, CUstream stream);
+  // As free, but false (nothing logged or counted) when `ptr` is not a live
+  // allocation of this device's: the caller says why (another device's?).
+  bool try_free(void* ptr, size_t size, CUstream stream);
   // `ptr` is a live allocation of this device's (the start of one).
   bool is_live(const void* ptr);
   // A free this allocator cannot take (`why`): logged, counted, nothing changed.
@@ -185,6 +188,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // eviction in flight, or restores it (true: a restore was tried).
   bool use_large(Block* b, const CUstream* consumer, const char* what);
   void free_evicted(Block* b);
+  // The live block whose allocation starts at `p` (a split block's part
+  // too), and that allocation's size; null if none.
+  Block* live_block(uintptr_t p, size_t* allocated);
 
   // DeviceRoom: what the backings and small chunks ask for.
   bool make_room(size_t need, bool evict_live) override;

@@ -225,7 +225,7 @@ class HostBacking final : public Backing {
     if (unmapped && !map_host(b))
       log::error(
           "restore of {:#x}: its host copy could not be mapped back either: the block's address "
-          "is unmapped and an access to it faults; its bytes are kept in host memory",
+          "is unmapped and an access to it faults (its bytes stay in host memory, not mapped)",
           b->ptr);
     p_.dev.give(h, b->cap);
     log::warn("restore of {:#x} failed: {}", b->ptr,
@@ -285,7 +285,8 @@ class HostBacking final : public Backing {
     if (unmapped && !map_host(b))
       log::error(
           "prefetch of {:#x}: its host copy could not be mapped back either: the block's "
-          "address is unmapped and an access to it faults; its bytes are kept in host memory",
+          "address is unmapped and an access to it faults (its bytes stay in host memory, not "
+          "mapped)",
           b->ptr);
     drop_device_copy(b);
     log::warn("prefetch of {:#x} could not be swapped in; it stays on the host", b->ptr);

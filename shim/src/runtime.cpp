@@ -247,10 +247,15 @@ void Runtime::release(const Touch* touches, size_t n) {
 }
 
 int Runtime::device_of(const void* ptr) {
-  const size_t n = active_count_.load(std::memory_order_acquire);
-  for (size_t i = 0; i < n; ++i)
-    if (Allocator* a = active_[i].load(std::memory_order_acquire); a && a->is_live(ptr))
-      return static_cast<int>(i);
+  // A bad free's path only: every device's allocator, the lock-free table
+  // holding the first kMaxDevices alone.
+  std::vector<Allocator*> all;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& a : allocators_) all.push_back(a.get());
+  }
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i] && all[i]->is_live(ptr)) return static_cast<int>(i);
   return -1;
 }
 

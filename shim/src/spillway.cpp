@@ -32,20 +32,18 @@ ABI_EXPORT void spillway_free(void* ptr, size_t size, int device, CUstream_st* s
   if (!ptr) return;
   Runtime& rt = Runtime::get();
   spillway::Allocator* a = rt.allocator(device);
+  if (a && !rt.observers().empty()) rt.observers().on_free({ptr, size, stream, device, nullptr});
+  if (a && a->try_free(ptr, size, stream)) return;
   // Freed on another device than its own: a caller's bug that must not free
   // the other device's block (or cost a byte); the owner names it.
-  if (!a || !a->is_live(ptr)) {
-    const int owner = rt.device_of(ptr);
-    if (owner >= 0 && owner != device) {
-      rt.allocator(owner)->refuse_free(
-          ptr, size, stream,
-          fmt::format("freed on device {}, but allocated on device {}", device, owner));
-      return;
-    }
-  }
-  if (!a) return;
-  if (!rt.observers().empty()) rt.observers().on_free({ptr, size, stream, device, nullptr});
-  a->free(ptr, size, stream);
+  const int owner = rt.device_of(ptr);
+  if (owner >= 0 && owner != device)
+    rt.allocator(owner)->refuse_free(
+        ptr, size, stream,
+        fmt::format("freed on device {}, but allocated on device {}", device, owner));
+  else if (a)
+    a->refuse_free(ptr, size, stream,
+                   "not a live spillway allocation (double free or unknown pointer)");
 }
 
 ABI_EXPORT const char* spillway_version(void) {
