@@ -408,7 +408,15 @@ void Allocator::refuse_free(const void* ptr, size_t size, CUstream stream, const
 
 void Allocator::free_evicted(Block* b) {
   // Queued work may still read the host copy: let it finish before unmapping.
-  streams_->wait_uses(*b);
+  // If that cannot be waited for (a stream capturing a graph), the host
+  // memory is kept rather than released under work that may read it.
+  if (CUresult r = streams_->wait_uses(*b); r != CUDA_SUCCESS) {
+    log::error(
+        "freeing evicted block {:#x}: its queued uses cannot be waited for ({}); its host "
+        "memory is kept",
+        b->ptr, cu::describe(d_, r));
+    return;
+  }
   streams_->clear_marks(*b);
   if (!backing_->release(b)) {
     log::error("freeing evicted block {:#x} failed; its host memory is kept", b->ptr);

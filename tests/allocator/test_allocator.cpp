@@ -1132,6 +1132,36 @@ TEST_F(AllocatorTest, ABlockFreedOnAnotherStreamIsNotReusedBeforeThatStreamsWork
   ASSERT_CU(cuStreamDestroy(other));
 }
 
+// An evicted block freed on a stream capturing a graph: the work the graph
+// will run may read its host copy, and that cannot be waited for now, so
+// the host memory is kept (not pooled for the next eviction) rather than
+// handed on under it.
+TEST_F(AllocatorTest, AnEvictedBlockFreedOnACapturingStreamKeepsItsHostMemory) {
+  CUstream cap = nullptr;
+  ASSERT_CU(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING));
+  auto a = make(0);
+  void* p = a->malloc(4 * MiB, nullptr);
+  void* q = a->malloc(4 * MiB, nullptr);
+  ASSERT_TRUE(p && q);
+  fill(p, 4 * MiB, 80, nullptr);
+  fill(q, 4 * MiB, 81, nullptr);
+  ASSERT_CU(a->evict(p));
+  ASSERT_CU(cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED));
+  a->free(p, 4 * MiB, cap);
+  CUgraph g = nullptr;
+  ASSERT_CU(cuStreamEndCapture(cap, &g));
+  ASSERT_CU(cuGraphDestroy(g));
+  // Had p's host memory gone back to the pool, q's eviction would take it.
+  const uint64_t creates = a->stats().host_creates;
+  ASSERT_CU(a->evict(q));
+  EXPECT_GT(a->stats().host_creates, creates) << "p's host memory was handed on";
+  check(q, 4 * MiB, 81, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, mismatches());
+  a->free(q, 4 * MiB, nullptr);
+  ASSERT_CU(cuStreamDestroy(cap));
+}
+
 TEST_F(AllocatorTest, ASplitBlocksRangeAnotherStreamUsedIsNotReusedEarly) {
   CUstream other = nullptr;
   ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
