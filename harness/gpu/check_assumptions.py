@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks, on a real GPU, the assumptions spillway's design rests on (docs/gpu.md).
 
-    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e,f] [--device 0] [--json out.json]
+    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e,f,g] [--device 0] [--json out.json]
 
   a  VMM host memory: host-NUMA cuMemCreate, map into a device range, kernel and
      copy access through it, remap the same address device -> host -> device
@@ -10,6 +10,8 @@
   d  pinned and host-NUMA VMM copy bandwidth, each way and both at once
   e  what each VMM call costs, by size, for device and host-NUMA memory
   f  host-NUMA creation on 1-8 threads; small driver calls on one thread while another creates
+  g  device memory as granule handles side by side: one cuMemSetAccess / cuMemUnmap over several
+     mappings? data follows its handle? what mapping k granules costs against one handle of k
 
 Each check prints PASS / FAIL / SKIP, what it measured, and what spillway does
 if it fails. Each runs in its own child process (check c may leave its CUDA
@@ -43,6 +45,8 @@ CHECKS = {
     "d": "copy bandwidth each way and both at once (pinned, and host-NUMA VMM)",
     "e": "what each VMM call spillway makes costs, by size (device and host-NUMA memory)",
     "f": "host-NUMA creation on several threads, and its cost to another thread's driver calls",
+    "g": "device memory as granule handles mapped side by side (one access grant and one unmap over "
+         "several mappings), and what that costs against one handle",
 }
 
 IF_FAILS = {
@@ -72,6 +76,9 @@ IF_FAILS = {
          "beside it: spillway's reserve thread creates pieces while the job's thread runs, and an "
          "eviction whose host memory cannot be created is rolled back (`evictions_failed`). "
          "Report the error.",
+    "g": "nothing spillway does today depends on it: spillway maps one handle per block. A failure "
+         "(granules not mappable side by side, or data not following its handle) rules out backing "
+         "blocks by a pool of fixed-size handles (docs/residency.md, session 16): report it.",
 }
 
 RESULT_TAG = "SPILLWAY-CHECK-RESULT "
@@ -1021,7 +1028,151 @@ def check_f(gpu, args):
     return ("FAIL" if errors else "PASS"), m, notes
 
 
-RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e, "f": check_f}
+# ----------------------------------------------------------------------------
+# g: device memory as granules mapped side by side
+# ----------------------------------------------------------------------------
+def check_g(gpu, args):
+    """A block backed by several one-granule handles mapped at adjacent offsets of one range, as a
+    pool of fixed-size handles would back it (docs/residency.md, session 16): (1) does one
+    cuMemSetAccess and one cuMemUnmap cover several mappings, and does each handle's data follow it
+    when the handles are mapped again in another order; (2) what mapping, granting and unmapping k
+    granules costs against one handle of k granules (created and released, or pooled)."""
+    d, m, notes = gpu.d, {}, []
+    prop = gpu.prop(cu.CU_MEM_LOCATION_TYPE_DEVICE, gpu.dev)
+    g = gpu.granularity(prop)
+    m["granularity"] = g
+    desc = cu.CUmemAccessDesc()
+    desc.location.type = cu.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = gpu.dev
+    desc.flags = cu.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ok = True
+
+    def grant(va, n):
+        """One cuMemSetAccess over n granules, else one per granule; (result name, seconds)."""
+        t = time.perf_counter()
+        r = d.call("cuMemSetAccess", va, n * g, ctypes.byref(desc), 1)
+        if r != CUDA_SUCCESS:
+            for i in range(n):
+                d.check("cuMemSetAccess", va + i * g, g, ctypes.byref(desc), 1)
+        return d.error_name(r), time.perf_counter() - t
+
+    def unmap(va, n):
+        """One cuMemUnmap over n granules, else one per granule; (result name, seconds)."""
+        t = time.perf_counter()
+        r = d.call("cuMemUnmap", va, n * g)
+        if r != CUDA_SUCCESS:
+            for i in range(n):
+                d.check("cuMemUnmap", va + i * g, g)
+        return d.error_name(r), time.perf_counter() - t
+
+    def granules(n):
+        hs = []
+        for _ in range(n):
+            h, r, _ = gpu.create(g, prop)
+            if h is None:
+                for x in hs:
+                    d.check("cuMemRelease", x)
+                raise CudaError("cuMemCreate", r, d.error_name(r))
+            hs.append(h)
+        return hs
+
+    # 1. semantics, on four granules
+    k = 4
+    va = gpu.reserve(k * g, g)
+    hs = granules(k)
+    for i, h in enumerate(hs):
+        d.check("cuMemMap", va + i * g, g, 0, h, 0)
+    m["access_over_4_mappings"], _ = grant(va, k)
+    data = pattern(k * g // 4, 11)
+    gpu.write(va, data)  # one copy across the mappings' boundaries
+    fns = gpu.kernels()
+    if fns:  # a kernel across them too
+        gpu.launch(fns[0], None, ctypes.c_uint64(va), ctypes.c_uint64(k * g // 4), ctypes.c_uint32(1))
+        d.check("cuCtxSynchronize")
+        data = plus(data, 1)
+    m["kernel"] = "PTX spw_add_u32" if fns else f"none ({gpu._module_error}); copies only"
+    steps = [f"4 granules side by side, written across them: {'intact' if gpu.read(va, k * g) == data else 'DATA MISMATCH'}"]
+    ok = ok and steps[-1].endswith("intact")
+    m["unmap_2_of_4_mappings"], _ = unmap(va + g, 2)
+    d.check("cuMemMap", va + g, g, 0, hs[2], 0)  # the two handles swap places
+    d.check("cuMemMap", va + 2 * g, g, 0, hs[1], 0)
+    m["access_over_2_remapped"], _ = grant(va + g, 2)
+    moved = data[:g] + data[2 * g:3 * g] + data[g:2 * g] + data[3 * g:]
+    steps.append("granules 1 and 2 mapped again in each other's place, data followed its handle: "
+                 + ("intact" if gpu.read(va, k * g) == moved else "DATA MISMATCH"))
+    ok = ok and steps[-1].endswith("intact")
+    m["unmap_over_4_mappings"], _ = unmap(va, k)
+    for h in hs:
+        d.check("cuMemRelease", h)
+    d.check("cuMemAddressFree", va, k * g)
+    m["steps"] = steps
+
+    # 2. costs: k granules from a pool (mapped one by one, one grant, one unmap) against one handle
+    # of k granules, created and released (a block made anew) or pooled (map, grant, unmap only)
+    rows = []
+    for k in args.granules:
+        va = gpu.reserve(k * g, g)
+        hs = granules(k)
+        runs = {key: [] for key in ("granules_map", "granules_access", "granules_unmap", "handle_create",
+                                    "handle_map", "handle_access", "handle_unmap", "handle_release")}
+        for rep in range(args.granule_reps + 1):  # the first round is not timed: one-off costs
+            t = time.perf_counter()
+            for i, h in enumerate(hs):
+                d.check("cuMemMap", va + i * g, g, 0, h, 0)
+            t_map = time.perf_counter() - t
+            r_access, t_access = grant(va, k)
+            r_unmap, t_unmap = unmap(va, k)
+            h, r, t_create = gpu.create(k * g, prop)
+            if h is None:
+                raise CudaError("cuMemCreate", r, d.error_name(r))
+            t = time.perf_counter()
+            d.check("cuMemMap", va, k * g, 0, h, 0)
+            t_hmap = time.perf_counter() - t
+            _, t_haccess = grant(va, k) if k == 1 else (None, 0.0)
+            if k > 1:  # one mapping: a single call whatever the driver does with several
+                t = time.perf_counter()
+                d.check("cuMemSetAccess", va, k * g, ctypes.byref(desc), 1)
+                t_haccess = time.perf_counter() - t
+            t = time.perf_counter()
+            d.check("cuMemUnmap", va, k * g)
+            t_hunmap = time.perf_counter() - t
+            t = time.perf_counter()
+            d.check("cuMemRelease", h)
+            t_hrelease = time.perf_counter() - t
+            if rep:
+                for key, v in zip(runs, (t_map, t_access, t_unmap, t_create, t_hmap, t_haccess, t_hunmap,
+                                         t_hrelease)):
+                    runs[key].append(v)
+        for h in hs:
+            d.check("cuMemRelease", h)
+        d.check("cuMemAddressFree", va, k * g)
+        row = {"granules": k, "MiB": k * g >> 20, "access_one_call": r_access, "unmap_one_call": r_unmap}
+        row.update({f"{key}_ms": round(statistics.median(v) * 1e3, 3) for key, v in runs.items()})
+        row["granules_total_ms"] = round(row["granules_map_ms"] + row["granules_access_ms"]
+                                         + row["granules_unmap_ms"], 3)
+        row["pooled_handle_total_ms"] = round(row["handle_map_ms"] + row["handle_access_ms"]
+                                              + row["handle_unmap_ms"], 3)
+        row["new_handle_total_ms"] = round(row["pooled_handle_total_ms"] + row["handle_create_ms"]
+                                           + row["handle_release_ms"], 3)
+        rows.append(row)
+    m["by_size"] = rows
+    m["reps"] = args.granule_reps
+
+    for key, what in (("access_over_4_mappings", "one cuMemSetAccess over 4 adjacent mappings"),
+                      ("unmap_2_of_4_mappings", "one cuMemUnmap over 2 of 4 adjacent mappings"),
+                      ("unmap_over_4_mappings", "one cuMemUnmap over 4 adjacent mappings")):
+        notes.append(f"{what}: " + ("accepted" if m[key] == "CUDA_SUCCESS" else
+                                    f"refused ({m[key]}); done one mapping at a time instead"))
+    for row in rows:
+        notes.append(f"{row['MiB']} MiB as {row['granules']} granules: map + grant + unmap "
+                     f"{row['granules_total_ms']} ms (maps {row['granules_map_ms']}); as one handle "
+                     f"{row['pooled_handle_total_ms']} ms pooled, {row['new_handle_total_ms']} ms created "
+                     f"and released (median of {args.granule_reps})")
+    return ("PASS" if ok else "FAIL"), m, notes
+
+
+RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e, "f": check_f,
+           "g": check_g}
 
 
 def run_child(args):
@@ -1091,7 +1242,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="docs/gpu.md explains each check and what to report.")
-    p.add_argument("--checks", default="a,b,c,d,e,f", help="comma-separated subset of a,b,c,d,e,f (default: all)")
+    p.add_argument("--checks", default="a,b,c,d,e,f,g", help="comma-separated subset of a,b,c,d,e,f,g (default: all)")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     p.add_argument("--cuda-lib", default="libcuda.so.1", help="driver library (default libcuda.so.1)")
     p.add_argument("--cupti-lib", default=None, help="CUPTI library (default: found automatically)")
@@ -1108,6 +1259,10 @@ def parse_args(argv=None):
                    help="timed iterations of each small call in check f, per condition (default 200)")
     p.add_argument("--busy-mib", type=int, default=8192,
                    help="most host memory the creating thread of check f holds at once, MiB (default 8192)")
+    p.add_argument("--granules", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8, 64, 256],
+                   help="block sizes timed in check g, in granules (default 1,8,64,256)")
+    p.add_argument("--granule-reps", type=int, default=5,
+                   help="timed rounds of each size in check g; the median is reported (default 5)")
     p.add_argument("--pending-ms", type=float, default=300.0,
                    help="duration of the pending work in check c, ms (default 300)")
     p.add_argument("--memset-chain", type=int, default=2000,
@@ -1119,9 +1274,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     names = [c.strip() for c in args.checks.split(",") if c.strip()]
     bad = [c for c in names if c not in CHECKS]
+    if any(k < 1 for k in args.granules):
+        p.error("--granules: every size must be at least 1")
     if bad or not names:
         p.error(f"--checks: unknown {', '.join(bad) or '(empty)'}; accepted: {', '.join(CHECKS)}")
-    for opt in ("create_mib", "piece_mib", "latency_iters", "busy_mib"):
+    for opt in ("create_mib", "piece_mib", "latency_iters", "busy_mib", "granule_reps"):
         if getattr(args, opt) < 1:
             p.error(f"--{opt.replace('_', '-')} must be at least 1")
     args.check_list = names
@@ -1156,7 +1313,9 @@ def main(argv=None):
                    "--pending-ms", str(args.pending_ms), "--memset-chain", str(args.memset_chain),
                    "--vmm-mib", ",".join(str(x) for x in args.vmm_mib),
                    "--create-mib", str(args.create_mib), "--piece-mib", str(args.piece_mib),
-                   "--latency-iters", str(args.latency_iters), "--busy-mib", str(args.busy_mib)]
+                   "--latency-iters", str(args.latency_iters), "--busy-mib", str(args.busy_mib),
+                   "--granules", ",".join(str(x) for x in args.granules),
+                   "--granule-reps", str(args.granule_reps)]
     if args.cupti_lib:
         passthrough += ["--cupti-lib", args.cupti_lib]
     if args.no_unsafe:

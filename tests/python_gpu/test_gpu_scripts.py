@@ -33,7 +33,8 @@ def cc():
 # --- imports and arguments ------------------------------------------------------
 def test_check_assumptions_parses_args():
     a = check_assumptions.parse_args([])
-    assert a.check_list == ["a", "b", "c", "d", "e", "f"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    assert a.check_list == ["a", "b", "c", "d", "e", "f", "g"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    assert a.granules == [1, 8, 64, 256] and a.granule_reps == 5
     assert a.vmm_mib == [2, 32, 256, 1024]
     assert (a.create_mib, a.piece_mib, a.latency_iters, a.busy_mib) == (2048, 64, 200, 8192)
     a = check_assumptions.parse_args(["--checks", "a,d", "--device", "1", "--no-unsafe", "--bw-mib", "64"])
@@ -50,7 +51,9 @@ def test_check_assumptions_parses_args():
 
 def test_unknown_check_lists_every_check():
     r = run([sys.executable, CHECK, "--checks", "a,z"])
-    assert r.returncode == 2 and "accepted: a, b, c, d, e, f" in r.stderr, r.stderr
+    assert r.returncode == 2 and "accepted: a, b, c, d, e, f, g" in r.stderr, r.stderr
+    r = run([sys.executable, CHECK, "--checks", "g", "--granules", "4,0"])
+    assert r.returncode == 2 and "--granules: every size must be at least 1" in r.stderr, r.stderr
 
 
 def test_latency_summary_and_ratios():
@@ -217,7 +220,8 @@ def test_checks_run_on_the_simulator(tmp_path):
     out = tmp_path / "r.json"
     # f: the sim's host creation costs no wall time (SIMCUDA_HOST_CREATE_GBPS moves only its virtual
     # clock), so its creating thread needs a high cap to still be creating while the calls are timed.
-    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e,f", "--vmm-mib", "2,8", "--bw-mib", "16",
+    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e,f,g", "--vmm-mib", "2,8", "--bw-mib", "16",
+             "--granules", "1,4", "--granule-reps", "2",
              "--bw-reps", "3", "--memset-chain", "20", "--create-mib", "128", "--piece-mib", "16",
              "--latency-iters", "20", "--busy-mib", "262144", "--json", str(out)],
             env={"LD_LIBRARY_PATH": os.path.dirname(sim)})
@@ -249,6 +253,15 @@ def test_checks_run_on_the_simulator(tmp_path):
                for v in fm["creating_thread"].values())
     assert any(n.startswith("host creation: 1 thread ") for n in f["notes"])
     assert any("during host creation on another thread, an event record + sync took" in n for n in f["notes"])
+    g = res["g"]
+    assert g["status"] == "PASS", g["notes"]
+    gm = g["measured"]
+    # the sim takes one grant or unmap over several whole mappings (sim/src/memory.cpp, whole_mappings)
+    assert (gm["access_over_4_mappings"], gm["unmap_2_of_4_mappings"], gm["unmap_over_4_mappings"]) == \
+        ("CUDA_SUCCESS",) * 3
+    assert gm["steps"][-1].endswith("data followed its handle: intact")
+    assert [(row["granules"], row["MiB"]) for row in gm["by_size"]] == [(1, 2), (4, 8)]
+    assert all(row["granules_total_ms"] >= row["granules_map_ms"] >= 0 for row in gm["by_size"])
 
 
 def test_bench_gpt_interleaves_variants_and_repeats():
