@@ -158,6 +158,7 @@ void replay_plain(const StepModel& m, int steps, std::vector<double>& starts,
   double issue = 0, free_at = 0;
   for (size_t g = 0; g < L * steps; ++g) {
     if (g > 0) issue += h;
+    if (!m.host_extra_ns.empty()) issue += static_cast<double>(m.host_extra_ns[g % L]);
     starts[g] = std::max(issue, free_at);
     ends[g] = free_at = starts[g] + static_cast<double>(m.launch_ns[g % L]);
   }
@@ -333,9 +334,13 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
   int64_t resident = 0;
   uint64_t peak = 0;
   bool fits = true;
+  // The mover's work before a launch's prefetch copies (fetch_extra_ns), on
+  // a clock of its own: those copies start no earlier than it is done.
+  double fetch_free = 0;
   for (int64_t g = 0; g < N; ++g) {
     resident += diff[g];
     double t = g == 0 ? 0 : issue + h;
+    if (!P.m.host_extra_ns.empty()) t += static_cast<double>(P.m.host_extra_ns[P.wrap(g)]);
     const uint64_t need = static_cast<uint64_t>(std::max<int64_t>(resident, 0));
     while (head < fifo.size() && fifo[head].done <= t) pending -= fifo[head++].bytes;
     while (need + pending > P.cap && head < fifo.size()) {
@@ -346,6 +351,8 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
       peak = std::max(peak, need + pending);
       if (need + pending > P.cap) fits = false;
     }
+    if (!P.m.fetch_extra_ns.empty() && !fetch_at[g].empty())
+      fetch_free = std::max(fetch_free, t) + static_cast<double>(P.m.fetch_extra_ns[P.wrap(g)]);
     for (uint32_t inst : fetch_at[g]) {
       const Draft& d = drafts[inst / kInst];
       const uint64_t bytes = P.bytes(d.block);
@@ -353,7 +360,7 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
         pending -= fifo[fifo_of[inst]].bytes;
         fifo[fifo_of[inst]].bytes = 0;
       }
-      const double s = std::max({t, h2d_free, evict_done[inst]});
+      const double s = std::max({t, h2d_free, evict_done[inst], fetch_free});
       h2d_free = s + copy_ns(static_cast<double>(bytes), s, d2h_free, P.h2d, P.bidir);
       landed[inst] = swapped(h2d_free);
     }

@@ -35,6 +35,11 @@ struct StepModel {
   // Device bytes that never move (small blocks, pooled chunks): they count
   // against the budget at every launch.
   uint64_t pinned_bytes = 0;
+  // Optional, per launch (empty: none): host time the job's thread spends
+  // before issuing launch i beyond launch_host_ns (its allocations' driver
+  // calls), and time the mover spends before the copies of the prefetches
+  // issued at launch i (making their device memory): handle_churn.h.
+  std::vector<uint64_t> host_extra_ns, fetch_extra_ns;
 
   static constexpr uint32_t kLive = UINT32_MAX;
   struct Block {

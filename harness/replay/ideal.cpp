@@ -101,15 +101,24 @@ spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const M
 }
 
 Ideal ideal(const Analysis& a, uint64_t step, const ModelRules& r,
-            const spillway::policy::PlanOptions& o) {
+            const spillway::policy::PlanOptions& o, const spillway::policy::VmmCallCosts& c) {
   Ideal out;
-  const spillway::policy::StepModel m = step_model(a, step, r);
+  spillway::policy::StepModel m = step_model(a, step, r);
   if (m.launch_ns.empty()) return out;
   out.plan = spillway::policy::plan_step(m, o);
   spillway::policy::PlanOptions unlimited = o;
   unlimited.budget = UINT64_MAX / 2;
   unlimited.headroom = 0;
   out.unconstrained = spillway::policy::predict(m, unlimited, {});
+  out.handles = out.plan;
+  if (c.any()) {
+    // The plan is the fungible one's, not re-planned for the calls.
+    out.churn = spillway::policy::handle_churn(
+        m, out.plan.moves, o.budget > o.headroom ? o.budget - o.headroom : 0, c);
+    m.host_extra_ns = out.churn.job_ns;
+    m.fetch_extra_ns = out.churn.mover_ns;
+    out.handles = spillway::policy::predict(m, o, out.plan.moves);
+  }
   out.valid = true;
   return out;
 }

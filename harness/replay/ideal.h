@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "handle_churn.h"
 #include "planner.h"
 #include "replay.h"
 
@@ -30,9 +31,13 @@ struct Ideal {
   bool valid = false;
   spillway::policy::Plan plan;           // under the budget
   spillway::policy::Plan unconstrained;  // the same step with no budget: nothing moves
+  // The same plan with device memory in handles of exact sizes: its VMM
+  // calls charged (handle_churn.h) at the given costs. Only with costs.
+  spillway::policy::Plan handles;
+  spillway::policy::HandleChurn churn;
 };
 
 Ideal ideal(const Analysis& a, uint64_t step, const ModelRules& r,
-            const spillway::policy::PlanOptions& o);
+            const spillway::policy::PlanOptions& o, const spillway::policy::VmmCallCosts& c = {});
 
 }  // namespace replay
