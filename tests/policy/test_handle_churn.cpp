@@ -9,6 +9,7 @@
 
 #include "handle_churn.h"
 #include "planner.h"
+#include "step_builders.h"
 
 using spillway::policy::handle_churn;
 using spillway::policy::HandleChurn;
@@ -19,33 +20,9 @@ using spillway::policy::predict;
 using spillway::policy::StepModel;
 using spillway::policy::VmmCallCosts;
 
+using namespace step_builders;
+
 namespace {
-
-StepModel::Block block(uint64_t id, uint64_t bytes, uint32_t alloc, uint32_t free,
-                       std::initializer_list<uint32_t> uses) {
-  StepModel::Block b;
-  b.id = id;
-  b.bytes = bytes;
-  b.alloc = alloc;
-  b.free = free;
-  b.uses = uses;
-  return b;
-}
-
-StepModel::Block carried(uint64_t id, uint64_t bytes, std::initializer_list<uint32_t> uses) {
-  StepModel::Block b = block(id, bytes, 0, StepModel::kLive, uses);
-  b.carried = true;
-  return b;
-}
-
-Move move(uint64_t block, uint32_t evict_after, uint32_t prefetch_at, uint32_t next_use) {
-  Move mv;
-  mv.block = block;
-  mv.evict_after = evict_after;
-  mv.prefetch_at = prefetch_at;
-  mv.next_use = next_use;
-  return mv;
-}
 
 StepModel launches(size_t n) {
   StepModel m;
@@ -62,13 +39,6 @@ VmmCallCosts costs() {
   c.unmap_ns = 1000;
   c.release_ns = 10000;
   return c;
-}
-
-PlanOptions options(uint64_t budget) {
-  PlanOptions o;
-  o.budget = budget;
-  o.d2h_bytes_per_ns = o.h2d_bytes_per_ns = o.bidir_bytes_per_ns = 1;
-  return o;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "planner.h"
+#include "step_builders.h"
 
 using spillway::policy::Move;
 using spillway::policy::Plan;
@@ -20,49 +21,11 @@ using spillway::policy::PlanOptions;
 using spillway::policy::predict;
 using spillway::policy::StepModel;
 
+using namespace step_builders;
+
 namespace {
 
 constexpr uint32_t kNever = Move::kNever;
-
-StepModel::Block block(uint64_t id, uint64_t bytes, uint32_t alloc, uint32_t free,
-                       std::initializer_list<uint32_t> uses) {
-  StepModel::Block b;
-  b.id = id;
-  b.bytes = bytes;
-  b.alloc = alloc;
-  b.free = free;
-  b.uses = uses;
-  return b;
-}
-
-StepModel::Block carried(uint64_t id, uint64_t bytes, std::initializer_list<uint32_t> uses) {
-  StepModel::Block b = block(id, bytes, 0, StepModel::kLive, uses);
-  b.carried = true;
-  return b;
-}
-
-Move move(uint64_t block, uint32_t evict_after, uint32_t prefetch_at, uint32_t next_use) {
-  Move mv;
-  mv.block = block;
-  mv.evict_after = evict_after;
-  mv.prefetch_at = prefetch_at;
-  mv.next_use = next_use;
-  return mv;
-}
-
-// 1 byte per ns each way, both at once too: a copy of n bytes takes n ns.
-PlanOptions options(uint64_t budget) {
-  PlanOptions o;
-  o.budget = budget;
-  o.d2h_bytes_per_ns = o.h2d_bytes_per_ns = o.bidir_bytes_per_ns = 1;
-  return o;
-}
-
-StepModel steps(std::vector<uint64_t> ns) {
-  StepModel m;
-  m.launch_ns = std::move(ns);
-  return m;
-}
 
 // The resident bytes at each launch of the steady state, from the model and
 // the moves alone (not the planner's code): a block is in while live and not
