@@ -321,13 +321,25 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
   uint64_t pending = 0;
   const double h = static_cast<double>(P.m.launch_host_ns);
   double issue = 0, compute_free = 0, d2h_free = 0, h2d_free = 0;
+  // The driver makes VMM calls one at a time, whatever the thread
+  // (docs/gpu.md run 19): the swaps, the job's calls before a launch and the
+  // mover's before a prefetch's copy take turns on one timeline, each the
+  // first gap of its length at or after it is asked for.
+  std::vector<std::pair<double, double>> vmm_busy;  // [start, end), ascending
+  auto occupy = [&](double at, double ns) {
+    auto it = std::lower_bound(vmm_busy.begin(), vmm_busy.end(), at,
+                               [](const auto& b, double t) { return b.second <= t; });
+    for (; it != vmm_busy.end() && it->first < at + ns; ++it) at = std::max(at, it->second);
+    vmm_busy.insert(it, {at, at + ns});
+    return at + ns;
+  };
   // The swaps (move_host_ns each) on one thread, in the order the copies
   // are queued: a copy's block is usable, or its device memory free, once
   // its swap is done.
   double mover_free = 0;
   auto swapped = [&](double copied) {
     if (P.move_ns <= 0) return copied;
-    mover_free = std::max(copied, mover_free) + P.move_ns;
+    mover_free = occupy(std::max(copied, mover_free), P.move_ns);
     return mover_free;
   };
   std::vector<double> last_end(kReplaySteps, 0);
@@ -340,7 +352,8 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
   for (int64_t g = 0; g < N; ++g) {
     resident += diff[g];
     double t = g == 0 ? 0 : issue + h;
-    if (!P.m.host_extra_ns.empty()) t += static_cast<double>(P.m.host_extra_ns[P.wrap(g)]);
+    if (!P.m.host_extra_ns.empty() && P.m.host_extra_ns[P.wrap(g)] > 0)
+      t = occupy(t, static_cast<double>(P.m.host_extra_ns[P.wrap(g)]));
     const uint64_t need = static_cast<uint64_t>(std::max<int64_t>(resident, 0));
     while (head < fifo.size() && fifo[head].done <= t) pending -= fifo[head++].bytes;
     while (need + pending > P.cap && head < fifo.size()) {
@@ -351,8 +364,9 @@ Plan replay(const Prep& P, const std::vector<Draft>& given) {
       peak = std::max(peak, need + pending);
       if (need + pending > P.cap) fits = false;
     }
-    if (!P.m.fetch_extra_ns.empty() && !fetch_at[g].empty())
-      fetch_free = std::max(fetch_free, t) + static_cast<double>(P.m.fetch_extra_ns[P.wrap(g)]);
+    if (!P.m.fetch_extra_ns.empty() && !fetch_at[g].empty() && P.m.fetch_extra_ns[P.wrap(g)] > 0)
+      fetch_free =
+          occupy(std::max(fetch_free, t), static_cast<double>(P.m.fetch_extra_ns[P.wrap(g)]));
     for (uint32_t inst : fetch_at[g]) {
       const Draft& d = drafts[inst / kInst];
       const uint64_t bytes = P.bytes(d.block);

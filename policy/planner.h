@@ -70,7 +70,9 @@ struct PlanOptions {
   // VMM calls: an unmap, a map and an access grant, about 45 us each on an
   // H100, docs/gpu.md check (a)), made on one thread for every move (the
   // mover's): an eviction's memory is free, and a prefetch usable, only
-  // after its swap. 0: free, as the simulator's default costs.
+  // after its swap. 0: free, as the simulator's default costs. The driver
+  // makes VMM calls one at a time (docs/gpu.md run 19): swaps and the
+  // StepModel's host_extra_ns and fetch_extra_ns take turns.
   uint64_t move_host_ns = 0;
 };
 

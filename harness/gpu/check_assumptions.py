@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks, on a real GPU, the assumptions spillway's design rests on (docs/gpu.md).
 
-    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e,f,g] [--device 0] [--json out.json]
+    python3 harness/gpu/check_assumptions.py [--checks a,b,c,d,e,f,g,h] [--device 0] [--json out.json]
 
   a  VMM host memory: host-NUMA cuMemCreate, map into a device range, kernel and
      copy access through it, remap the same address device -> host -> device
@@ -12,6 +12,8 @@
   f  host-NUMA creation on 1-8 threads; small driver calls on one thread while another creates
   g  device memory as granule handles side by side: one cuMemSetAccess / cuMemUnmap over several
      mappings? data follows its handle? what mapping k granules costs against one handle of k
+  h  device VMM calls on several threads: do they run at once, and do they slow another thread's
+     launches, copies and VMM calls?
 
 Each check prints PASS / FAIL / SKIP, what it measured, and what spillway does
 if it fails. Each runs in its own child process (check c may leave its CUDA
@@ -47,6 +49,7 @@ CHECKS = {
     "f": "host-NUMA creation on several threads, and its cost to another thread's driver calls",
     "g": "device memory as granule handles mapped side by side (one access grant and one unmap over "
          "several mappings), and what that costs against one handle",
+    "h": "device VMM calls on several threads at once, and their cost to another thread's calls",
 }
 
 IF_FAILS = {
@@ -79,6 +82,9 @@ IF_FAILS = {
     "g": "nothing spillway does today depends on it: spillway maps one handle per block. A failure "
          "(granules not mappable side by side, or data not following its handle) rules out backing "
          "blocks by a pool of fixed-size handles (docs/residency.md, session 16): report it.",
+    "h": "spillway stays correct whatever these figures are; a failure means a device VMM call "
+         "failed while another thread made them too, which spillway's mover and the job's thread "
+         "do: report the error.",
 }
 
 RESULT_TAG = "SPILLWAY-CHECK-RESULT "
@@ -1171,8 +1177,85 @@ def check_g(gpu, args):
     return ("PASS" if ok else "FAIL"), m, notes
 
 
+# ----------------------------------------------------------------------------
+# h: device VMM calls on several threads
+# ----------------------------------------------------------------------------
+def check_h(gpu, args):
+    """(1) Device VMM cycles (create, map, grant, unmap, release of one granule) on 1, 2 and 4
+    threads at once: does the driver run them side by side, or one at a time? (2) The job's kind of
+    calls on the main thread while another thread makes such cycles without pause (spillway's mover
+    beside the job's thread)."""
+    d, m, notes, errors = gpu.d, {}, [], []
+    sys.setswitchinterval(1e-4)  # as in f: threads that live in foreign calls
+    dprop = gpu.prop(cu.CU_MEM_LOCATION_TYPE_DEVICE, gpu.dev)
+    g = gpu.granularity(dprop)
+    n = args.vmm_cycles
+    m.update(cycles_per_thread=n, granularity=g)
+
+    def cycles(va, count, stop=None, rec=None, started=None):
+        h = ctypes.c_uint64()
+        done = 0
+        while (stop is None and done < count) or (stop is not None and not stop.is_set()):
+            d.check("cuMemCreate", ctypes.byref(h), g, ctypes.byref(dprop), 0)
+            gpu.map_rw(va, g, h.value)
+            d.check("cuMemUnmap", va, g)
+            d.check("cuMemRelease", h.value)
+            done += 1
+            if rec is not None:
+                rec["pieces"] += 1
+                if started is not None:
+                    started.set()
+
+    rows = []
+    cycles(gpu.reserve(g, g), 10)  # one-off costs out of the first rate
+    for threads in (1, 2, 4):
+        vas = [gpu.reserve(g, g) for _ in range(threads)]
+        wall, errs = in_threads(gpu, threads, lambda i: cycles(vas[i], n))
+        errors += [str(e) for e in errs if e]
+        for va in vas:
+            d.check("cuMemAddressFree", va, g)
+        rows.append({"threads": threads, "cycles": threads * n, "wall_s": round(wall, 4),
+                     "cycles_per_s": round(threads * n / wall, 1)})
+    for r in rows:
+        r["vs_one_thread"] = round(r["cycles_per_s"] / rows[0]["cycles_per_s"], 2)
+    m["cycles_by_threads"] = rows
+    emit({"check": "h", "partial": True, "status": "FAIL", "measured": m,
+          "notes": [f"error: {e}" for e in errors[:5]] + ["part 2 (the timed calls) did not end"]})
+
+    other_va = gpu.reserve(g, g)
+
+    def cycling(stop, started, rec):
+        cycles(other_va, 0, stop, rec, started)
+
+    try:
+        calls = SmallCalls(gpu, dprop)
+        alone = {}
+        for op in calls.ops:
+            calls.timed(op, 10)
+            alone[op] = latency_summary(calls.timed(op, args.latency_iters))
+        m["latency_alone"] = alone
+        lat, _, parts = calls.beside(args.latency_iters, cycling, errors)
+        m["latency_beside_vmm_cycles"] = lat
+        m["beside_vs_alone"] = latency_ratios(lat, alone)
+        m["device_vmm_cycle_calls_median_us_beside"] = parts
+        calls.close()
+    except (CudaError, AttributeError) as e:
+        errors.append(f"the timed calls: {e}")
+    d.check("cuMemAddressFree", other_va, g)
+
+    notes.append("device VMM cycles: " + ", ".join(
+        f"{r['threads']} thread{'s' if r['threads'] > 1 else ''} {r['cycles_per_s']}/s ({r['vs_one_thread']}x)"
+        for r in rows) + ": " + ("they run side by side" if rows[-1]["vs_one_thread"] >= 1.5 else
+                                 "the driver makes them one at a time (or nearly)"))
+    for op, v in m.get("beside_vs_alone", {}).items():
+        notes.append(f"beside another thread's VMM cycles, {SMALL_CALL_NAMES[op]} took {v['median']}x "
+                     f"as long at the median, {v['p90']}x at p90")
+    notes += [f"error: {e}" for e in errors[:5]]
+    return ("FAIL" if errors else "PASS"), m, notes
+
+
 RUNNERS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e, "f": check_f,
-           "g": check_g}
+           "g": check_g, "h": check_h}
 
 
 def run_child(args):
@@ -1242,7 +1325,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="docs/gpu.md explains each check and what to report.")
-    p.add_argument("--checks", default="a,b,c,d,e,f,g", help="comma-separated subset of a,b,c,d,e,f,g (default: all)")
+    p.add_argument("--checks", default="a,b,c,d,e,f,g,h",
+                   help="comma-separated subset of a,b,c,d,e,f,g,h (default: all)")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     p.add_argument("--cuda-lib", default="libcuda.so.1", help="driver library (default libcuda.so.1)")
     p.add_argument("--cupti-lib", default=None, help="CUPTI library (default: found automatically)")
@@ -1263,6 +1347,8 @@ def parse_args(argv=None):
                    help="block sizes timed in check g, in granules (default 1,8,64,256)")
     p.add_argument("--granule-reps", type=int, default=5,
                    help="timed rounds of each size in check g; the median is reported (default 5)")
+    p.add_argument("--vmm-cycles", type=int, default=200,
+                   help="device VMM cycles per thread in check h (default 200)")
     p.add_argument("--pending-ms", type=float, default=300.0,
                    help="duration of the pending work in check c, ms (default 300)")
     p.add_argument("--memset-chain", type=int, default=2000,
@@ -1278,7 +1364,7 @@ def parse_args(argv=None):
         p.error("--granules: every size must be at least 1")
     if bad or not names:
         p.error(f"--checks: unknown {', '.join(bad) or '(empty)'}; accepted: {', '.join(CHECKS)}")
-    for opt in ("create_mib", "piece_mib", "latency_iters", "busy_mib", "granule_reps"):
+    for opt in ("create_mib", "piece_mib", "latency_iters", "busy_mib", "granule_reps", "vmm_cycles"):
         if getattr(args, opt) < 1:
             p.error(f"--{opt.replace('_', '-')} must be at least 1")
     args.check_list = names
@@ -1315,7 +1401,7 @@ def main(argv=None):
                    "--create-mib", str(args.create_mib), "--piece-mib", str(args.piece_mib),
                    "--latency-iters", str(args.latency_iters), "--busy-mib", str(args.busy_mib),
                    "--granules", ",".join(str(x) for x in args.granules),
-                   "--granule-reps", str(args.granule_reps)]
+                   "--granule-reps", str(args.granule_reps), "--vmm-cycles", str(args.vmm_cycles)]
     if args.cupti_lib:
         passthrough += ["--cupti-lib", args.cupti_lib]
     if args.no_unsafe:

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "api.h"
+#include "clock.h"
 #include "memory.h"
 
 namespace sim::api {
@@ -16,6 +17,30 @@ uint64_t host_cost(const State& st, const char* name, Cost cost) {
   if (!st.call_ns.empty())
     if (auto it = st.call_ns.find(name); it != st.call_ns.end()) return it->second;
   return cost == Cost::kLaunch ? st.config.launch_ns : st.config.api_ns;
+}
+
+bool is_vmm(const char* name) {
+  for (const char* n : {"cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemCreate", "cuMemRelease"})
+    if (std::strcmp(name, n) == 0) return true;
+  return false;
+}
+
+// A VMM call takes `ns` of the driver's one VMM timeline: the first gap of
+// that length at or after the caller's clock, between the calls other
+// threads made there (first come, first served in real time).
+void occupy_vmm(State& st, uint64_t ns) {
+  std::lock_guard lk(st.vmm_mu);
+  auto& busy = st.vmm_busy;
+  uint64_t start = clock::now();
+  auto at = busy.begin();
+  for (; at != busy.end(); ++at) {
+    if (at->second <= start) continue;
+    if (at->first >= start + ns) break;
+    start = at->second;
+  }
+  busy.insert(at, {start, start + ns});
+  while (busy.size() > 1024) busy.pop_front();  // only the recent past matters
+  clock::advance_to(start + ns);
 }
 }  // namespace
 
@@ -57,7 +82,13 @@ CUresult call_impl(uint32_t cbid, const char* name, void* params, size_t params_
     return refuse(CUDA_ERROR_NOT_PERMITTED, "%s called from a host function", name);
   const CUresult injected = faults::on_call(name);
   State* st = state();
-  if (st) clock::advance(host_cost(*st, name, cost));
+  if (st) {
+    const uint64_t ns = host_cost(*st, name, cost);
+    if (ns && is_vmm(name))
+      occupy_vmm(*st, ns);
+    else
+      clock::advance(ns);
+  }
   const uint32_t corr = st ? st->next_correlation.fetch_add(1) : 0;
   const uint32_t outer = t_correlation;
   t_correlation = corr;

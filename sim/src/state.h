@@ -147,6 +147,12 @@ struct State {
   std::vector<std::shared_ptr<Op>> pending;
 
   std::atomic<uint32_t> next_correlation{1};
+
+  // The driver makes device VMM calls one at a time, whatever the threads
+  // (docs/gpu.md run 19): the recent calls' [start, end) in virtual time,
+  // ascending by start (docs/sim.md, "VMM calls are one at a time").
+  std::mutex vmm_mu;
+  std::deque<std::pair<uint64_t, uint64_t>> vmm_busy;
 };
 
 // The CUPTI stand-in's hooks (null when it is not loaded or not attached).

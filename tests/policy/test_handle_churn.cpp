@@ -41,6 +41,21 @@ VmmCallCosts costs() {
   return c;
 }
 
+// Ten launches of 100 ns, 100 ns apart on the host; A (100 bytes, used at
+// launches 1 and 8) leaves after launch 1 and comes back at launch 7, to
+// make room for B (launches 3-5) under a budget of 150 bytes.
+StepModel a_leaves_for_b() {
+  StepModel m;
+  m.launch_ns.assign(10, 100);
+  m.launch_host_ns = 100;
+  m.blocks = {block(1, 100, 0, 10, {1, 8}), block(2, 100, 3, 6, {3, 4, 5})};
+  return m;
+}
+
+Move a_leaves_between_its_uses() {
+  return move(1, 1, 7, 8);
+}
+
 }  // namespace
 
 // With room for every freed block, each step's allocations take the blocks
@@ -133,11 +148,8 @@ TEST(HandleChurn, HostTimeBeforeALaunchLengthensAHostBoundStep) {
 // copy: A's copy back, issued at launch 7 (700 ns) and landing at 800 just
 // in time for launch 8, starts 500 ns later and launch 8 waits for it.
 TEST(HandleChurn, MoverTimeBeforeAPrefetchDelaysItsCopy) {
-  StepModel m;
-  m.launch_ns.assign(10, 100);
-  m.launch_host_ns = 100;
-  m.blocks = {block(1, 100, 0, 10, {1, 8}), block(2, 100, 3, 6, {3, 4, 5})};
-  const Move mv = move(1, 1, 7, 8);
+  StepModel m = a_leaves_for_b();
+  const Move mv = a_leaves_between_its_uses();
   const Plan free_calls = predict(m, options(150), {mv});
   ASSERT_EQ(1u, free_calls.moves.size());
   EXPECT_EQ(0u, free_calls.stall_ns);
@@ -145,4 +157,20 @@ TEST(HandleChurn, MoverTimeBeforeAPrefetchDelaysItsCopy) {
   m.fetch_extra_ns[7] = 500;
   const Plan paid = predict(m, options(150), {mv});
   EXPECT_EQ(500u, paid.stall_ns);
+}
+
+// The driver makes VMM calls one at a time: the job's 20 ns of calls before
+// launch 3 (issued at 300) cannot run during A's swap (300..330, after its
+// copy 200..300) and go after it, so launch 3 starts at 350, where it would
+// have started at 330 (the calls done while it waited for A's memory), and
+// the step takes 1080 ns, not 1060.
+TEST(HandleChurn, TheJobsCallsWaitForTheMoversSwaps) {
+  StepModel m = a_leaves_for_b();
+  const Move mv = a_leaves_between_its_uses();
+  PlanOptions o = options(150);
+  o.move_host_ns = 30;
+  EXPECT_EQ(1060u, predict(m, o, {mv}).step_ns);
+  m.host_extra_ns.assign(10, 0);
+  m.host_extra_ns[3] = 20;
+  EXPECT_EQ(1080u, predict(m, o, {mv}).step_ns);
 }

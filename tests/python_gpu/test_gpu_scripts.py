@@ -33,8 +33,8 @@ def cc():
 # --- imports and arguments ------------------------------------------------------
 def test_check_assumptions_parses_args():
     a = check_assumptions.parse_args([])
-    assert a.check_list == ["a", "b", "c", "d", "e", "f", "g"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
-    assert a.granules == [1, 8, 64, 256] and a.granule_reps == 5
+    assert a.check_list == ["a", "b", "c", "d", "e", "f", "g", "h"] and a.device == 0 and a.cuda_lib == "libcuda.so.1"
+    assert a.granules == [1, 8, 64, 256] and a.granule_reps == 5 and a.vmm_cycles == 200
     assert a.vmm_mib == [2, 32, 256, 1024]
     assert (a.create_mib, a.piece_mib, a.latency_iters, a.busy_mib) == (2048, 64, 200, 8192)
     a = check_assumptions.parse_args(["--checks", "a,d", "--device", "1", "--no-unsafe", "--bw-mib", "64"])
@@ -51,7 +51,7 @@ def test_check_assumptions_parses_args():
 
 def test_unknown_check_lists_every_check():
     r = run([sys.executable, CHECK, "--checks", "a,z"])
-    assert r.returncode == 2 and "accepted: a, b, c, d, e, f, g" in r.stderr, r.stderr
+    assert r.returncode == 2 and "accepted: a, b, c, d, e, f, g, h" in r.stderr, r.stderr
     r = run([sys.executable, CHECK, "--checks", "g", "--granules", "4,0"])
     assert r.returncode == 2 and "--granules: every size must be at least 1" in r.stderr, r.stderr
 
@@ -220,8 +220,8 @@ def test_checks_run_on_the_simulator(tmp_path):
     out = tmp_path / "r.json"
     # f: the sim's host creation costs no wall time (SIMCUDA_HOST_CREATE_GBPS moves only its virtual
     # clock), so its creating thread needs a high cap to still be creating while the calls are timed.
-    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e,f,g", "--vmm-mib", "2,8", "--bw-mib", "16",
-             "--granules", "1,4", "--granule-reps", "2",
+    r = run([sys.executable, CHECK, "--cuda-lib", sim, "--checks", "a,c,d,e,f,g,h", "--vmm-mib", "2,8", "--bw-mib", "16",
+             "--granules", "1,4", "--granule-reps", "2", "--vmm-cycles", "20",
              "--bw-reps", "3", "--memset-chain", "20", "--create-mib", "128", "--piece-mib", "16",
              "--latency-iters", "20", "--busy-mib", "262144", "--json", str(out)],
             env={"LD_LIBRARY_PATH": os.path.dirname(sim)})
@@ -262,6 +262,12 @@ def test_checks_run_on_the_simulator(tmp_path):
     assert gm["steps"][-1].endswith("data followed its handle: intact")
     assert [(row["granules"], row["MiB"]) for row in gm["by_size"]] == [(1, 2), (4, 8)]
     assert all(row["granules_total_ms"] >= row["granules_map_ms"] >= 0 for row in gm["by_size"])
+    h = res["h"]
+    assert h["status"] == "PASS", h["notes"]
+    hm = h["measured"]
+    assert [(row["threads"], row["cycles"]) for row in hm["cycles_by_threads"]] == [(1, 20), (2, 40), (4, 80)]
+    assert hm["cycles_by_threads"][0]["vs_one_thread"] == 1.0
+    assert set(hm["beside_vs_alone"]) == calls and all(v["n"] >= 20 for v in hm["latency_beside_vmm_cycles"].values())
 
 
 def test_bench_gpt_interleaves_variants_and_repeats():

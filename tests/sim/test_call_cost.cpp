@@ -9,6 +9,7 @@
 // once, at cuInit.
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "sim_test_extra.h"
 #include "variants.h"
@@ -272,5 +273,46 @@ TEST(SimCallCost, AVmmCallAfterEveryCreationWaitsForNone) {
     EXPECT_EQ(20000u, cost_of([&] { return cuMemCreate(&d, g, &dprop, 0); }));
     EXPECT_EQ(20000u, cost_of([&] { return cuMemRelease(d); }));
     EXPECT_CU(cuMemRelease(h));
+  });
+}
+
+// The driver makes device VMM calls one at a time, whatever the threads
+// (docs/gpu.md run 19). Another thread's three calls take [T, T + 30 us)
+// and [T + 50, T + 60 us): this thread's call at T waits for the three (a
+// call that is not a VMM call does not), and one at T + 41 us, which would
+// overlap the later one, goes after it.
+TEST(SimCallCost, VmmCallsOfAllThreadsAreOneAtATime) {
+  run_isolated({{"SIMCUDA_VMM_NS", "10us"}}, [] {
+    init_primary();
+    const CUmemAllocationProp dprop = device_prop();
+    const size_t g = granularity();
+    CUcontext ctx = nullptr;
+    ASSERT_CU(cuCtxGetCurrent(&ctx));
+    const uint64_t T = simcuda_now_ns() + 1000;
+    auto advance_to = [](uint64_t t) {
+      ASSERT_LE(simcuda_now_ns(), t);
+      simcuda_host_advance_ns(t - simcuda_now_ns());
+    };
+    std::vector<CUmemGenericAllocationHandle> hs(6, 0);
+    std::thread other([&] {
+      EXPECT_CU(cuCtxSetCurrent(ctx));
+      advance_to(T);
+      for (int i = 0; i < 3; ++i) EXPECT_CU(cuMemCreate(&hs[i], g, &dprop, 0));
+      EXPECT_EQ(T + 30000, simcuda_now_ns());
+      advance_to(T + 50000);
+      EXPECT_CU(cuMemCreate(&hs[3], g, &dprop, 0));
+    });
+    other.join();
+    advance_to(T);
+    CUevent e = nullptr;
+    ASSERT_CU(cuEventCreate(&e, CU_EVENT_DEFAULT));
+    EXPECT_EQ(T + 500, simcuda_now_ns());
+    ASSERT_CU(cuMemCreate(&hs[4], g, &dprop, 0));
+    EXPECT_EQ(T + 40000, simcuda_now_ns());
+    advance_to(T + 41000);
+    ASSERT_CU(cuMemCreate(&hs[5], g, &dprop, 0));
+    EXPECT_EQ(T + 70000, simcuda_now_ns());
+    for (CUmemGenericAllocationHandle h : hs) EXPECT_CU(cuMemRelease(h));
+    EXPECT_CU(cuEventDestroy(e));
   });
 }
