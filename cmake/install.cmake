@@ -77,19 +77,22 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/python/spillway DESTINATION ${SPILLWAY_INS
         COMPONENT spillway FILES_MATCHING PATTERN "*.py")
 
 # The replayer and the simulated GPU it links: in a directory of their own,
-# so that the simulated libcuda.so.1 never stands in for a real driver.
-target_compile_definitions(spillway-replay PRIVATE
-  REPLAY_INSTALLED_SHIM="${_spw_bin_to_lib}/libspillway.so"
-  REPLAY_INSTALLED_CUPTI="${_spw_bin_to_sim}/libcupti.so.13")
-if(IS_ABSOLUTE "${_spw_bin_to_sim}")
-  set(_spw_replay_rpath "${_spw_bin_to_sim}")
-else()
-  set(_spw_replay_rpath "$ORIGIN/${_spw_bin_to_sim}")
+# so that the simulated libcuda.so.1 never stands in for a real driver (when
+# the replayer is built: SPILLWAY_REPLAYER, CMakeLists.txt).
+if(TARGET spillway-replay)
+  target_compile_definitions(spillway-replay PRIVATE
+    REPLAY_INSTALLED_SHIM="${_spw_bin_to_lib}/libspillway.so"
+    REPLAY_INSTALLED_CUPTI="${_spw_bin_to_sim}/libcupti.so.13")
+  if(IS_ABSOLUTE "${_spw_bin_to_sim}")
+    set(_spw_replay_rpath "${_spw_bin_to_sim}")
+  else()
+    set(_spw_replay_rpath "$ORIGIN/${_spw_bin_to_sim}")
+  endif()
+  set_target_properties(spillway-replay PROPERTIES INSTALL_RPATH "${_spw_replay_rpath}")
+  install(TARGETS spillway-replay RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT spillway)
+  install(TARGETS simcuda simcupti LIBRARY DESTINATION ${SPILLWAY_INSTALL_SIMDIR}
+          NAMELINK_SKIP COMPONENT spillway)
 endif()
-set_target_properties(spillway-replay PROPERTIES INSTALL_RPATH "${_spw_replay_rpath}")
-install(TARGETS spillway-replay RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT spillway)
-install(TARGETS simcuda simcupti LIBRARY DESTINATION ${SPILLWAY_INSTALL_SIMDIR}
-        NAMELINK_SKIP COMPONENT spillway)
 
 # find_package(spillway): spillwayConfig.cmake, its version file, the targets.
 install(EXPORT spillwayTargets NAMESPACE spillway:: DESTINATION ${SPILLWAY_INSTALL_CMAKEDIR}

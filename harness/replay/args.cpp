@@ -10,6 +10,11 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include <functional>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "size.h"
 
 namespace replay {
@@ -22,122 +27,149 @@ std::optional<uint64_t> parse_size(const std::string& s) {
   return n;
 }
 
+namespace {
+
+// A value refused by name: the first one on the command line ends the
+// reading (each option's check runs as it is read).
+struct Refused {
+  std::string why;
+};
+
+constexpr const char* kHelpText =
+    "Replays a .spwt record through libspillway.so on the simulated GPU. Every time it "
+    "reports is SIMULATED time (the sim's virtual clock). SIZE: 40GiB, 512MiB, 1.5GB, 4096 "
+    "(bytes); PCT: a percentage of the record's unconstrained peak, e.g. 60%. harness/README.md "
+    "has the report's fields.";
+
+int64_t integer(const std::string& flag, const std::string& v, int64_t min,
+                int64_t max = INT64_MAX) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end || n < min || n > max || errno == ERANGE)
+    throw Refused{flag + " '" + v + "' is not an integer " +
+                  (max == INT64_MAX
+                       ? ">= " + std::to_string(min)
+                       : "from " + std::to_string(min) + " to " + std::to_string(max))};
+  return static_cast<int64_t>(n);
+}
+
+Strategy strategy(const std::string& v) {
+  if (v == "spillway") return Strategy::kSpillway;
+  if (v == "none") return Strategy::kNone;
+  if (v == "save_on_cpu") return Strategy::kSaveOnCpu;
+  if (v == "torchtune") return Strategy::kTorchtune;
+  if (v == "layerwise") return Strategy::kLayerwise;
+  throw Refused{"--strategy '" + v +
+                "' is not spillway, none, save_on_cpu, torchtune or layerwise"};
+}
+
+}  // namespace
+
 Args parse_args(int argc, const char* const* argv) {
   Args r;
   Options& o = r.options;
-  auto bad = [&](std::string why) {
-    r.action = Args::Action::kBad;
-    r.error = std::move(why);
-    return r;
+  CLI::App app(kHelpText, "spillway-replay");
+  // --help and --version are found before the options are read, so that
+  // they win wherever they are; here for the help text.
+  app.set_help_flag("-h,--help", "this text, and nothing else is done");
+  app.allow_extras();  // a second record or an unknown option: refused below, by name
+  std::string record;
+  // Each option's check runs as it is read, in the command line's order.
+  auto text = [&](const char* name, std::string* to, const char* type, const char* help,
+                  std::function<void(const std::string&)> check = {}) {
+    return app
+        .add_option_function<std::string>(
+            name,
+            [to, check](const std::string& v) {
+              if (check) check(v);
+              if (to) *to = v;
+            },
+            help)
+        ->type_name(type)
+        ->trigger_on_parse();
   };
-  // The value after argv[i] (i moves onto it), or nullopt with the error set.
-  auto value = [&](int& i) -> std::optional<std::string> {
-    if (i + 1 >= argc) {
-      bad(std::string(argv[i]) + " needs a value");
-      return std::nullopt;
-    }
-    return std::string(argv[++i]);
-  };
-  auto integer = [&](int& i, int64_t min, int64_t max = INT64_MAX) -> std::optional<int64_t> {
-    const std::string flag = argv[i];
-    const auto v = value(i);
-    if (!v) return std::nullopt;
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(v->c_str(), &end, 10);
-    if (v->empty() || *end || n < min || n > max || errno == ERANGE) {
-      bad(flag + " '" + *v + "' is not an integer " +
-          (max == INT64_MAX ? ">= " + std::to_string(min)
-                            : "from " + std::to_string(min) + " to " + std::to_string(max)));
-      return std::nullopt;
-    }
-    return static_cast<int64_t>(n);
-  };
+  app.add_flag("--version")->description("the version, and nothing else is done");
+  text("--budget", &o.budget, "SIZE|PCT%",
+       "spillway's GPU budget (SPILLWAY_GPU_BUDGET), and the simulated device's memory "
+       "unless --device-memory: a size, or a percentage of the record's unconstrained peak",
+       [](const std::string& v) {
+         if (v.empty()) throw Refused{"--budget is empty"};
+       });
+  text("--device-memory", nullptr, "SIZE",
+       "the simulated device's memory, when it differs from the budget", [&](const std::string& v) {
+         const auto n = parse_size(v);
+         if (!n) throw Refused{"--device-memory '" + v + "' is not a size such as 80GiB"};
+         o.device_memory = *n;
+       });
+  text("--mode", &o.mode, "host|managed|off", "spillway's mode (SPILLWAY_MODE)",
+       [](const std::string& v) {
+         if (v != "host" && v != "managed" && v != "off")
+           throw Refused{"--mode '" + v + "' is not host, managed or off"};
+       });
+  text("--strategy", nullptr, "spillway|none|save_on_cpu|torchtune|layerwise",
+       "what manages memory: spillway (default), none (the plain allocator), or an anchor "
+       "strategy replayed from the record's layers",
+       [&](const std::string& v) { o.strategy = strategy(v); });
+  text("--steps", nullptr, "N", "replay the first N steps only (0: all)",
+       [&](const std::string& v) { o.steps = integer("--steps", v, 0); });
+  text("--json", &o.json_out, "OUT", "write the report (JSON; harness/README.md) to OUT");
+  text("--trace-out", &o.trace_out, "OUT",
+       "write a Chrome/Perfetto trace of kernels and transfers to OUT");
+  app.add_flag("--no-data", o.no_data,
+               "accounting mode: the simulator moves no byte and integrity is not checked "
+               "(for records larger than this machine's memory)");
+  text("--layers", nullptr, "N", "the layers the anchor strategies cut a forward into",
+       [&](const std::string& v) {
+         o.layers = static_cast<int>(integer("--layers", v, 1, kMaxLayers));
+       });
+  text("--offload-layers", nullptr, "K", "layers the layerwise strategy offloads",
+       [&](const std::string& v) {
+         o.offload_layers = static_cast<int>(integer("--offload-layers", v, 0, kMaxLayers));
+       });
+  text("--shim", &o.shim, "PATH", "the libspillway.so to replay (default: this build's)");
+  // Internal and test seams: not in the help.
+  text("--inject-corruption", nullptr, "N", "", [&](const std::string& v) {
+    o.inject_corruption = integer("--inject-corruption", v, 0);
+  })->group("");
+  app.add_flag("--baseline-child", o.baseline_child)->group("");
+  app.add_flag("--quiet", o.quiet)->group("");
+  app.add_option("RECORD", record, "the .spwt record to replay (harness/record_trace.py)");
+  r.help = app.help();
+
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       r.action = Args::Action::kHelp;
       return r;
-    } else if (a == "--version") {
+    }
+    if (a == "--version") {
       r.action = Args::Action::kVersion;
       return r;
-    } else if (a == "--budget") {
-      const auto v = value(i);
-      if (!v) return r;
-      o.budget = *v;
-      if (o.budget.empty()) return bad("--budget is empty");
-    } else if (a == "--device-memory") {
-      const auto v = value(i);
-      if (!v) return r;
-      auto n = parse_size(*v);
-      if (!n) return bad("--device-memory '" + *v + "' is not a size such as 80GiB");
-      o.device_memory = *n;
-    } else if (a == "--mode") {
-      const auto v = value(i);
-      if (!v) return r;
-      o.mode = *v;
-      if (o.mode != "host" && o.mode != "managed" && o.mode != "off")
-        return bad("--mode '" + *v + "' is not host, managed or off");
-    } else if (a == "--strategy") {
-      const auto v = value(i);
-      if (!v) return r;
-      if (*v == "spillway")
-        o.strategy = Strategy::kSpillway;
-      else if (*v == "none")
-        o.strategy = Strategy::kNone;
-      else if (*v == "save_on_cpu")
-        o.strategy = Strategy::kSaveOnCpu;
-      else if (*v == "torchtune")
-        o.strategy = Strategy::kTorchtune;
-      else if (*v == "layerwise")
-        o.strategy = Strategy::kLayerwise;
-      else
-        return bad("--strategy '" + *v +
-                   "' is not spillway, none, save_on_cpu, torchtune or layerwise");
-    } else if (a == "--steps") {
-      const auto n = integer(i, 0);
-      if (!n) return r;
-      o.steps = *n;
-    } else if (a == "--json") {
-      const auto v = value(i);
-      if (!v) return r;
-      o.json_out = *v;
-    } else if (a == "--trace-out") {
-      const auto v = value(i);
-      if (!v) return r;
-      o.trace_out = *v;
-    } else if (a == "--no-data") {
-      o.no_data = true;
-    } else if (a == "--layers") {
-      // An int, and no more than the analysis cuts a forward into.
-      const auto n = integer(i, 1, kMaxLayers);
-      if (!n) return r;
-      o.layers = static_cast<int>(*n);
-    } else if (a == "--offload-layers") {
-      const auto n = integer(i, 0, kMaxLayers);
-      if (!n) return r;
-      o.offload_layers = static_cast<int>(*n);
-    } else if (a == "--shim") {
-      const auto v = value(i);
-      if (!v) return r;
-      o.shim = *v;
-    } else if (a == "--inject-corruption") {  // test seam, not in the usage
-      const auto n = integer(i, 0);
-      if (!n) return r;
-      o.inject_corruption = *n;
-    } else if (a == "--baseline-child") {  // internal
-      o.baseline_child = true;
-    } else if (a == "--quiet") {  // internal
-      o.quiet = true;
-    } else if (!a.empty() && a[0] == '-') {
-      return bad("unknown option " + a);
-    } else if (o.trace.empty()) {
-      o.trace = a;
-    } else {
-      return bad("more than one trace given");
     }
   }
-  if (o.trace.empty()) return bad("no trace given");
+  auto bad = [&](std::string why) {
+    r.action = Args::Action::kBad;
+    r.error = std::move(why);
+    return r;
+  };
+  try {
+    app.parse(argc, argv);
+  } catch (const Refused& e) {
+    return bad(e.why);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // "--json: 1 required TEXT missing": the option named first.
+    const std::string what = e.what();
+    return bad(what.substr(0, what.find(':')) + " needs a value");
+  } catch (const CLI::ParseError& e) {
+    return bad(e.what());
+  }
+  for (const std::string& extra : app.remaining()) {
+    if (!extra.empty() && extra[0] == '-') return bad("unknown option " + extra);
+    return bad("more than one record given");
+  }
+  if (record.empty()) return bad("no record given");
+  o.trace = record;
   return r;
 }
 
@@ -168,39 +200,34 @@ std::optional<uint64_t> parse_budget(const std::string& budget, uint64_t unconst
   return bytes;
 }
 
+namespace {
+
+// The top-level object of `json`, or a null value when it is not one.
+nlohmann::json object_of(const std::string& json) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json();
+}
+
+}  // namespace
+
 uint64_t json_u64(const std::string& json, const std::string& key, uint64_t dflt) {
-  const std::string k = "\"" + key + "\":";
-  size_t p = json.find(k);
-  if (p == std::string::npos) return dflt;
-  p += k.size();
-  while (p < json.size() && std::isspace(static_cast<unsigned char>(json[p]))) ++p;
-  // Digits only: the double this once went through made "-1" or 1e30 an
-  // out-of-range conversion (undefined behaviour).
-  if (p == json.size() || !std::isdigit(static_cast<unsigned char>(json[p]))) return dflt;
-  errno = 0;
-  const unsigned long long v = std::strtoull(json.c_str() + p, nullptr, 10);
-  return errno == ERANGE ? dflt : v;
+  const nlohmann::json j = object_of(json);
+  if (!j.is_object()) return dflt;
+  const auto it = j.find(key);
+  // An unsigned integer only: -1, 1e30 or 99999999999999999999 (a float to
+  // the parser) are not a count of bytes or nanoseconds.
+  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : dflt;
 }
 
 std::vector<uint64_t> json_array(const std::string& json, const std::string& key) {
   std::vector<uint64_t> out;
-  const std::string k = "\"" + key + "\":";
-  size_t p = json.find(k);
-  if (p == std::string::npos) return out;
-  const char* c = json.c_str() + p + k.size();
-  while (*c == ' ') ++c;
-  if (*c++ != '[') return out;
-  while (*c && *c != ']') {
-    // strtoull would skip a sign or spaces, wrap "-1" and, on something that
-    // is not a number, move nowhere: that looped forever, growing `out`.
-    if (!std::isdigit(static_cast<unsigned char>(*c))) break;
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long v = std::strtoull(c, &end, 10);
-    if (errno == ERANGE) break;
-    out.push_back(v);
-    c = end;
-    while (*c == ',' || *c == ' ') ++c;
+  const nlohmann::json j = object_of(json);
+  if (!j.is_object()) return out;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const nlohmann::json& v : *it) {
+    if (!v.is_number_unsigned()) break;
+    out.push_back(v.get<uint64_t>());
   }
   return out;
 }

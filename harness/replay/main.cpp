@@ -1,4 +1,4 @@
-// spillway-replay TRACE [options]: see usage() and harness/README.md.
+// spillway-replay RECORD [options]: see --help and harness/README.md.
 // Exit codes: 0 the replay ran to its end (an OOM is a result: "oom": true),
 // 1 integrity failure or the replay itself failed, 2 bad arguments or trace.
 #include <simcuda.h>
@@ -38,15 +38,7 @@ using namespace replay;
 using spillway::json_escape;
 
 constexpr const char* kUsage =
-    "usage: spillway-replay TRACE [--budget SIZE|PCT%] [--device-memory SIZE]\n"
-    "         [--mode host|managed|off] [--strategy "
-    "spillway|none|save_on_cpu|torchtune|layerwise]\n"
-    "         [--steps N] [--json OUT] [--trace-out chrome.json] [--no-data]\n"
-    "         [--layers N] [--offload-layers K] [--shim PATH] [--version]\n"
-    "Replays a .spwt trace through libspillway.so on the simulated GPU.\n"
-    "Every time it reports is SIMULATED time (the sim's virtual clock).\n"
-    "SIZE: 40GiB, 512MiB, 1.5GB, 4096 (bytes); PCT: a percentage of the trace's\n"
-    "unconstrained peak, e.g. 60%. See harness/README.md.\n";
+    "usage: spillway-replay RECORD [--budget SIZE|PCT%] [options]; --help describes each\n";
 
 [[noreturn]] void bad_usage(const std::string& why) {
   std::fprintf(stderr, "spillway-replay: %s\n%s", why.c_str(), kUsage);
@@ -77,7 +69,7 @@ Options options_or_exit(int argc, char** argv) {
   Args r = replay::parse_args(argc, argv);
   switch (r.action) {
     case Args::Action::kHelp:
-      std::fputs(kUsage, stdout);
+      std::fputs(r.help.c_str(), stdout);
       std::exit(0);
     case Args::Action::kVersion:
       std::printf("spillway-replay %s\n", spillway::kVersion);

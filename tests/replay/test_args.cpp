@@ -53,12 +53,16 @@ TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
   EXPECT_EQ(r.options.layers, 12);
   EXPECT_TRUE(r.options.no_data);
   EXPECT_EQ(r.options.strategy, replay::Strategy::kLayerwise);
+  // --help and --version win wherever they are; else the first bad value.
   EXPECT_EQ(parse({"--help", "--steps", "x"}).action, Args::Action::kHelp);
-  r = parse({"--steps", "x", "--help"});
+  EXPECT_EQ(parse({"--steps", "x", "--help"}).action, Args::Action::kHelp);
+  EXPECT_EQ(parse({"--steps", "x", "--version"}).action, Args::Action::kVersion);
+  r = parse({"--steps", "x", "--mode", "y"});
   EXPECT_EQ(r.action, Args::Action::kBad);
   EXPECT_EQ(r.error, "--steps 'x' is not an integer >= 0");
+  EXPECT_EQ(parse({"--mode", "y", "--steps", "x"}).error, "--mode 'y' is not host, managed or off");
   EXPECT_EQ(parse({"--json"}).error, "--json needs a value");
-  EXPECT_EQ(parse({}).error, "no trace given");
+  EXPECT_EQ(parse({}).error, "no record given");
 }
 
 // Issue 15 item 3: every option with the values a user could get wrong,
@@ -94,8 +98,8 @@ TEST(ReplayArgs, EveryOptionRefusesWrongValuesByName) {
       {{"job.spwt", "--trace-out"}, "--trace-out needs a value"},
       {{"job.spwt", "--shim"}, "--shim needs a value"},
       {{"job.spwt", "--bugdet", "60%"}, "unknown option --bugdet"},
-      {{"a.spwt", "b.spwt"}, "more than one trace given"},
-      {{"--no-data"}, "no trace given"},
+      {{"a.spwt", "b.spwt"}, "more than one record given"},
+      {{"--no-data"}, "no record given"},
   };
   for (const Case& c : cases) {
     const Args r = parse(c.args);
@@ -115,6 +119,19 @@ TEST(ReplayArgs, EveryOptionRefusesWrongValuesByName) {
     EXPECT_FALSE(replay::parse_budget(budget, 1000, &error)) << budget;
     EXPECT_EQ(error, why) << budget;
   }
+}
+
+// Issue 13 item 5: --help describes every option a user may give, by name,
+// and none of the internal ones.
+TEST(ReplayArgs, HelpDescribesEveryOption) {
+  const Args r = parse({"--help"});
+  ASSERT_EQ(r.action, Args::Action::kHelp);
+  for (const char* opt :
+       {"--budget", "--device-memory", "--mode", "--strategy", "--steps", "--json", "--trace-out",
+        "--no-data", "--layers", "--offload-layers", "--shim", "--version", "RECORD", "SIMULATED"})
+    EXPECT_NE(r.help.find(opt), std::string::npos) << opt << " missing in\n" << r.help;
+  for (const char* internal : {"--baseline-child", "--quiet", "--inject-corruption"})
+    EXPECT_EQ(r.help.find(internal), std::string::npos) << internal << " shown in\n" << r.help;
 }
 
 // Found writing fuzz_replay_args's checks (layers >= 0), which then failed
@@ -147,18 +164,25 @@ TEST(ReplayArgs, BudgetIsASizeOrAPercentageOfThePeak) {
 }
 
 // Found by fuzz_replay_args: the number after a key went through a double
-// and a cast, undefined for "-1" or 1e30 (UBSan: float-cast-overflow).
+// and a cast, undefined for "-1" or 1e30 (UBSan: float-cast-overflow). Since
+// nlohmann-json reads it, a number that is not an unsigned integer, a key
+// that is not at the top level, or a text that is not a JSON object gives
+// the default.
 TEST(ReplayJson, NumbersAreUnsignedIntegersOrTheDefault) {
   const std::string json =
       R"({"a": 42, "b": -1, "c": 1e30, "d": 99999999999999999999, "e":"7", "f":)"
-      "\n 18446744073709551615}";
+      "\n 18446744073709551615, \"g\": 2.5, \"h\": {\"i\": 3}}";
   EXPECT_EQ(replay::json_u64(json, "a", 7), 42u);
   EXPECT_EQ(replay::json_u64(json, "b", 7), 7u);
-  EXPECT_EQ(replay::json_u64(json, "c", 7), 1u);  // the digits before the exponent
+  EXPECT_EQ(replay::json_u64(json, "c", 7), 7u);
   EXPECT_EQ(replay::json_u64(json, "d", 7), 7u);
   EXPECT_EQ(replay::json_u64(json, "e", 7), 7u);
   EXPECT_EQ(replay::json_u64(json, "f", 7), UINT64_MAX);
+  EXPECT_EQ(replay::json_u64(json, "g", 7), 7u);
+  EXPECT_EQ(replay::json_u64(json, "i", 7), 7u);
   EXPECT_EQ(replay::json_u64(json, "missing", 7), 7u);
+  EXPECT_EQ(replay::json_u64(R"({"a": 42)", "a", 7), 7u);  // cut short
+  EXPECT_EQ(replay::json_u64("[42]", "a", 7), 7u);
 }
 
 // Found by fuzz_replay_args (a time-out): an array element that is not a
@@ -176,11 +200,12 @@ TEST(ReplayJson, ArraysStopAtTheFirstElementThatIsNotANumber) {
         setrlimit(RLIMIT_AS, &lim);
 #endif
         alarm(2);
+        // Not JSON at all: nothing.
         const auto a = replay::json_array(R"({"s": [4, x, 5], "t": [-1], "u": [1)", "s");
         const auto t = replay::json_array(R"({"t": [-1, 2]})", "t");
         const auto u = replay::json_array(R"({"u": [9, 99999999999999999999, 3]})", "u");
-        std::exit(a == std::vector<uint64_t>{4} && t.empty() && u == std::vector<uint64_t>{9} ? 0
-                                                                                              : 3);
+        const auto v = replay::json_array(R"({"v": 5})", "v");
+        std::exit(a.empty() && t.empty() && u == std::vector<uint64_t>{9} && v.empty() ? 0 : 3);
       },
       ::testing::ExitedWithCode(0), "");
 }
