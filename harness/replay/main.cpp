@@ -21,11 +21,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "args.h"
 #include "output_file.h"
 #include "engine.h"
 #include "ideal.h"
-#include "json.h"
 #include "replay.h"
 #include "spillway_version.h"
 
@@ -35,7 +36,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace replay;
-using spillway::json_escape;
 
 constexpr const char* kUsage =
     "usage: spillway-replay RECORD [--budget SIZE|PCT%] [options]; --help describes each\n";
@@ -379,76 +379,74 @@ int main(int argc, char** argv) {
   }
   const uint64_t lower_bound = lower_bound_ns(a, a.steps, budget, base);
 
-  std::ostringstream j;
-  j << "{\n  \"version\": \"" << spillway::kVersion << "\",\n";
-  j << "  \"schema\": " << spillway::kJsonSchema << ",\n";
-  j << "  \"time_units\": \"simulated nanoseconds (sim virtual clock)\",\n";
-  j << "  \"trace\": \"" << json_escape(o.trace) << "\",\n";
-  j << "  \"strategy\": \"" << name_of(o.strategy) << "\",\n";
-  j << "  \"mode\": \"" << mode << "\",\n";
-  j << "  \"data_checked\": " << (o.no_data ? "false" : "true") << ",\n";
-  j << "  \"steps_in_trace\": " << a.steps << ",\n";
-  j << "  \"steps_completed\": " << steps << ",\n";
-  j << "  \"oom\": " << (e.oom() ? "true" : "false") << ",\n";
-  if (!ran && !e.oom()) j << "  \"replay_error\": \"" << json_escape(e.error()) << "\",\n";
-  if (e.oom()) j << "  \"oom_at\": \"" << json_escape(e.oom_what()) << "\",\n";
-  j << "  \"integrity_ok\": " << (o.no_data ? "null" : integrity_ok ? "true" : "false") << ",\n";
+  // The report (harness/README.md has its fields), in this order.
+  nlohmann::ordered_json j;
+  j["version"] = spillway::kVersion;
+  j["schema"] = spillway::kJsonSchema;
+  j["time_units"] = "simulated nanoseconds (sim virtual clock)";
+  j["trace"] = o.trace;
+  j["strategy"] = name_of(o.strategy);
+  j["mode"] = mode;
+  j["data_checked"] = !o.no_data;
+  j["steps_in_trace"] = a.steps;
+  j["steps_completed"] = steps;
+  j["oom"] = e.oom();
+  if (!ran && !e.oom()) j["replay_error"] = e.error();
+  if (e.oom()) j["oom_at"] = e.oom_what();
+  j["integrity_ok"] = o.no_data ? nlohmann::ordered_json() : nlohmann::ordered_json(integrity_ok);
   if (!integrity_ok && !o.no_data) {
     std::string m = e.integrity().first_mismatch();
-    if (m.empty()) m = e.error();
-    j << "  \"first_mismatch\": \"" << json_escape(m) << "\",\n";
+    j["first_mismatch"] = m.empty() ? e.error() : m;
   }
-  j << "  \"bytes_checked\": " << e.integrity().bytes_checked.load() << ",\n";
-  j << "  \"peak_device_bytes\": " << peak << ",\n";
-  j << "  \"budget_bytes\": " << budget << ",\n";
-  j << "  \"within_budget\": " << (peak <= budget ? "true" : "false") << ",\n";
-  j << "  \"device_memory_bytes\": " << ms.device_capacity << ",\n";
-  j << "  \"unconstrained_peak_bytes\": " << unconstrained << ",\n";
-  j << "  \"trace_peak_live_bytes\": " << a.peak_live_bytes << ",\n";
-  j << "  \"bytes_device_to_host\": " << d2h << ",\n";
-  j << "  \"bytes_host_to_device\": " << h2d << ",\n";
-  j << "  \"bytes_forced_off_at_peak\": " << forced << ",\n";
-  j << "  \"trace_copy_bytes_device_to_host\": " << e.trace_d2h_bytes() << ",\n";
-  j << "  \"trace_copy_bytes_host_to_device\": " << e.trace_h2d_bytes() << ",\n";
-  j << "  \"remote_access_bytes\": " << ms.remote_access_bytes << ",\n";
-  j << "  \"host_peak_bytes\": " << ms.host_peak << ",\n";
-  j << "  \"sim_step_time_ns\": " << median << ",\n";
-  j << "  \"sim_baseline_step_time_ns\": " << (o.baseline_child ? median : base.median_step_ns)
-    << ",\n";
-  j << "  \"sim_lower_bound_step_time_ns\": " << lower_bound << ",\n";
+  j["bytes_checked"] = e.integrity().bytes_checked.load();
+  j["peak_device_bytes"] = peak;
+  j["budget_bytes"] = budget;
+  j["within_budget"] = peak <= budget;
+  j["device_memory_bytes"] = ms.device_capacity;
+  j["unconstrained_peak_bytes"] = unconstrained;
+  j["trace_peak_live_bytes"] = a.peak_live_bytes;
+  j["bytes_device_to_host"] = d2h;
+  j["bytes_host_to_device"] = h2d;
+  j["bytes_forced_off_at_peak"] = forced;
+  j["trace_copy_bytes_device_to_host"] = e.trace_d2h_bytes();
+  j["trace_copy_bytes_host_to_device"] = e.trace_h2d_bytes();
+  j["remote_access_bytes"] = ms.remote_access_bytes;
+  j["host_peak_bytes"] = ms.host_peak;
+  j["sim_step_time_ns"] = median;
+  j["sim_baseline_step_time_ns"] = o.baseline_child ? median : base.median_step_ns;
+  j["sim_lower_bound_step_time_ns"] = lower_bound;
   if (!ideal_ns.empty()) {
-    j << "  \"ideal_step_times_ns\": [";
-    for (size_t i = 0; i < ideal_ns.size(); ++i) j << (i ? "," : "") << ideal_ns[i];
-    j << "],\n";
-    j << "  \"ideal_step_time_ns\": " << ideal_ns.back() << ",\n";
-    j << "  \"min_bytes_moved\": " << ideal_bytes << ",\n";
-    j << "  \"ideal_move_host_ns\": " << ideal_move_ns << ",\n";
-    j << "  \"ideal_fits\": " << (ideal_fits ? "true" : "false") << ",\n";
+    j["ideal_step_times_ns"] = ideal_ns;
+    j["ideal_step_time_ns"] = ideal_ns.back();
+    j["min_bytes_moved"] = ideal_bytes;
+    j["ideal_move_host_ns"] = ideal_move_ns;
+    j["ideal_fits"] = ideal_fits;
   }
   if (!handles_ns.empty()) {
-    j << "  \"ideal_handles_step_times_ns\": [";
-    for (size_t i = 0; i < handles_ns.size(); ++i) j << (i ? "," : "") << handles_ns[i];
-    j << "],\n";
-    j << "  \"ideal_handles_step_time_ns\": " << handles_ns.back() << ",\n";
-    j << "  \"ideal_handles_last_step_calls\": {\"creates\": " << last_churn.creates
-      << ", \"maps\": " << last_churn.maps << ", \"unmaps\": " << last_churn.unmaps
-      << ", \"releases\": " << last_churn.releases << ", \"reused\": " << last_churn.reused
-      << "},\n";
+    j["ideal_handles_step_times_ns"] = handles_ns;
+    j["ideal_handles_step_time_ns"] = handles_ns.back();
+    j["ideal_handles_last_step_calls"] = {{"creates", last_churn.creates},
+                                          {"maps", last_churn.maps},
+                                          {"unmaps", last_churn.unmaps},
+                                          {"releases", last_churn.releases},
+                                          {"reused", last_churn.reused}};
   }
-  j << "  \"stall_ns\": " << stall << ",\n";
-  j << "  \"step_times_ns\": [";
-  for (size_t i = 0; i < e.step_times().size(); ++i) j << (i ? "," : "") << e.step_times()[i];
-  j << "],\n";
+  j["stall_ns"] = stall;
+  j["step_times_ns"] = e.step_times();
   // How often the run called each driver entry point spillway uses, so
   // that a fault can be injected at any one of those calls (SIMCUDA_FAIL;
   // harness/faults/).
-  j << "  \"driver_calls\": {";
-  for (size_t i = 0; i < std::size(kCountedCalls); ++i)
-    j << (i ? ", " : "") << "\"" << kCountedCalls[i]
-      << "\": " << simcuda_call_count(kCountedCalls[i]);
-  j << "},\n";
-  j << "  \"shim\": " << (stats.empty() ? "{}" : stats) << "\n}\n";
-  bool written = json_fd < 0 || write_and_close(json_fd, j.str(), o.json_out);
+  nlohmann::ordered_json calls = nlohmann::ordered_json::object();
+  for (const char* name : kCountedCalls) calls[name] = simcuda_call_count(name);
+  j["driver_calls"] = std::move(calls);
+  // The shim's statistics as it wrote them (one object; {} without them).
+  nlohmann::ordered_json shim = nlohmann::ordered_json::parse(stats, nullptr, false);
+  j["shim"] = shim.is_object() ? std::move(shim) : nlohmann::ordered_json::object();
+  // Bytes that are not UTF-8 (a path, a damaged record's text) are replaced,
+  // not thrown at.
+  const std::string report =
+      j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  bool written = json_fd < 0 || write_and_close(json_fd, report, o.json_out);
   if (trace_fd >= 0) {
     std::ostringstream t;
     write_chrome_trace(t, e, o);
