@@ -2,6 +2,7 @@
 // CUPTI bridge).
 #include <simcuda.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "api.h"
@@ -32,12 +33,11 @@ void occupy_vmm(State& st, uint64_t ns) {
   std::lock_guard lk(st.vmm_mu);
   auto& busy = st.vmm_busy;
   uint64_t start = clock::now();
-  auto at = busy.begin();
-  for (; at != busy.end(); ++at) {
-    if (at->second <= start) continue;
-    if (at->first >= start + ns) break;
-    start = at->second;
-  }
+  // The calls never overlap, so their ends ascend with their starts: the
+  // first that ends after the caller's clock is found by bisection.
+  auto at = std::lower_bound(busy.begin(), busy.end(), start,
+                             [](const auto& b, uint64_t t) { return b.second <= t; });
+  for (; at != busy.end() && at->first < start + ns; ++at) start = std::max(start, at->second);
   busy.insert(at, {start, start + ns});
   while (busy.size() > 1024) busy.pop_front();  // only the recent past matters
   clock::advance_to(start + ns);
