@@ -112,7 +112,10 @@ Args parse_args(int argc, const char* const* argv) {
        "strategy replayed from the record's layers",
        [&](const std::string& v) { o.strategy = strategy(v); });
   text("--steps", nullptr, "N", "replay the first N steps only (0: all)",
-       [&](const std::string& v) { o.steps = integer("--steps", v, 0); });
+       [&](const std::string& v) {
+         const int64_t n = integer("--steps", v, 0);
+         o.steps = n == 0 ? -1 : n;  // replay.h: -1 is every step
+       });
   text("--json", &o.json_out, "OUT", "write the report (JSON; harness/README.md) to OUT");
   text("--trace-out", &o.trace_out, "OUT",
        "write a Chrome/Perfetto trace of kernels and transfers to OUT");

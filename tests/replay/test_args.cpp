@@ -53,6 +53,9 @@ TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
   EXPECT_EQ(r.options.layers, 12);
   EXPECT_TRUE(r.options.no_data);
   EXPECT_EQ(r.options.strategy, replay::Strategy::kLayerwise);
+  // "--steps 0" is every step, as --help says, not none.
+  EXPECT_EQ(parse({"job.spwt", "--steps", "0"}).options.steps, parse({"job.spwt"}).options.steps);
+  EXPECT_LT(parse({"job.spwt", "--steps", "0"}).options.steps, 0);
   // --help and --version win wherever they are; else the first bad value.
   EXPECT_EQ(parse({"--help", "--steps", "x"}).action, Args::Action::kHelp);
   EXPECT_EQ(parse({"--steps", "x", "--help"}).action, Args::Action::kHelp);
