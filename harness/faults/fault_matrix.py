@@ -119,6 +119,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
     ap.add_argument("--only", default="", help="comma-separated entry points (default: all called)")
+    ap.add_argument("--every-later", action="store_true",
+                    help="also fail the drawn later call of each driver entry point and every "
+                    "call after it")
     ap.add_argument("--out", default="", help="also write the table here (markdown)")
     args = ap.parse_args()
 
@@ -146,11 +149,17 @@ def main():
             rows.append((name, "-", "not called in this run", ""))
             continue
         nths = [1] + ([rng.randint(2, count)] if count >= 2 else [])
-        for n in nths:
-            p, d, why = run_with(f"{name}:{n}")
+        # That call alone, then (with --every-later) it and every later one:
+        # a driver that keeps failing, not one that fails once.
+        runs = [(n, "") for n in nths]
+        if args.every_later:
+            runs.append((nths[-1], "+"))
+        for n, plus in runs:
+            p, d, why = run_with(f"{name}:{n}{plus}")
             ok, outcome = classify(p, d, why)
             failed += not ok
-            rows.append(row(name, f"{n} of {count}", f"{name}:{n}", p, ok, outcome))
+            which = f"{n} of {count}" if not plus else f"{n} and every later one"
+            rows.append(row(name, which, f"{name}:{n}{plus}", p, ok, outcome))
     # CUPTI's entry points (the simulated CUPTI's SIMCUPTI_FAIL), in runs
     # that also write a Chrome trace (SPILLWAY_TRACE): no call counts come
     # back from it, so each fails at its first call and at a seeded one of
