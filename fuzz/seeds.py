@@ -62,12 +62,29 @@ def two_steps(w):
         w.phase(0)
 
 
+def moves(w):
+    # Version 2: a recorded run's evictions and restores.
+    k = w.string("k")
+    w.alloc(1, 4 << 20)
+    w.evict(1, 0)
+    w.alloc(2, 4 << 20)
+    w.step(0)
+    w.evict(2, 1)
+    w.restore(1, 3)
+    w.launch(0, k, 50, [(1, 0, 4 << 20, 3), (2, 0, 4 << 20, 1)])
+    w.restore(2, 2)
+    w.evict(1, 0)
+    w.free(1)
+    w.free(2)
+
+
 SEEDS = {
     "spwt": {
         "empty.spwt": spwt({}, empty),
         "one_step.spwt": spwt({"source": "recorder", "model": "seed"}, one_step),
         "two_steps_layers.spwt": spwt({"layers": 2, "steps": 2}, two_steps),
         "small_blocks.spwt": spwt({"num_layers": 3}, two_steps, block_limit=24),
+        "moves.spwt": spwt({"source": "shim"}, moves),
     },
     "size": {
         "gib": b"40GiB",

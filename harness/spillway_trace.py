@@ -1,4 +1,4 @@
-"""Writer and reader of the spillway trace format, version 1 (docs/trace-format.md).
+"""Writer and reader of the spillway trace format, version 2 (docs/trace-format.md).
 
 Pure Python (zlib.crc32 for CRC-32). The API:
 
@@ -12,7 +12,7 @@ Pure Python (zlib.crc32 for CRC-32). The API:
     for rec in iter_records(path): ...       # streaming form of the same checks
 
 Records are the namedtuples below (String, Alloc, Free, Launch, Copy, Step,
-Phase, Duration); touches are Touch(alloc, offset, length, mode) and copy
+Phase, Duration, and since version 2 Evict and Restore); touches are Touch(alloc, offset, length, mode) and copy
 references Ref(alloc, offset).  The reader performs every check listed in the
 format's "What a reader checks", plus range checks on the one-byte enums
 (touch mode, copy kind, phase); every refusal is a TraceError whose `offset`
@@ -27,17 +27,21 @@ import zlib
 from collections import namedtuple
 
 MAGIC = b"SPWTRACE"
-VERSION = 1
+VERSION = 2          # written; read: OLDEST_VERSION .. VERSION
+OLDEST_VERSION = 1   # version 1 has no EVICT or RESTORE
 BLOCK_TAG = b"BLK1"
 END_TAG = b"END1"
 MAX_META = 1 << 20
 MAX_BLOCK = 1 << 20
 
 T_STRING, T_ALLOC, T_FREE, T_LAUNCH, T_COPY, T_STEP, T_PHASE, T_DURATION = range(1, 9)
+T_EVICT, T_RESTORE = 9, 10  # version 2
 
 MODE_UNKNOWN, READ, WRITE, READ_WRITE = 0, 1, 2, 3
 COPY_H2D, COPY_D2H, COPY_D2D, COPY_MEMSET = 1, 2, 3, 4
 PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = 0, 1, 2, 3
+# Why spillway moved an allocation (EVICT, RESTORE), by its cause byte.
+MOVE_CAUSES = ("budget", "pressure", "prefetch", "on-demand")
 
 String = namedtuple("String", "id text")
 Alloc = namedtuple("Alloc", "alloc size stream site")
@@ -48,6 +52,8 @@ Ref = namedtuple("Ref", "alloc offset")
 Copy = namedtuple("Copy", "stream kind bytes duration_ns dst src")
 Step = namedtuple("Step", "step")
 Phase = namedtuple("Phase", "phase")
+Evict = namedtuple("Evict", "alloc cause")  # cause: an index of MOVE_CAUSES
+Restore = namedtuple("Restore", "alloc cause")
 Duration = namedtuple("Duration", "launch duration_ns")
 
 _U64_MAX = (1 << 64) - 1
@@ -131,6 +137,12 @@ def encode_record(rec) -> bytes:
         out.append(T_DURATION)
         _varint(rec.launch, out)
         _varint(rec.duration_ns, out)
+    elif isinstance(rec, (Evict, Restore)):
+        if not 0 <= rec.cause < len(MOVE_CAUSES):
+            raise ValueError(f"move cause {rec.cause} is not 0-3")
+        out.append(T_EVICT if isinstance(rec, Evict) else T_RESTORE)
+        _varint(rec.alloc, out)
+        _u8(rec.cause, out)
     else:
         raise TypeError(f"not a trace record: {rec!r}")
     return bytes(out)
@@ -205,6 +217,12 @@ class Writer:
 
     def duration(self, launch: int, duration_ns: int) -> None:
         self.write(Duration(launch, duration_ns))
+
+    def evict(self, alloc: int, cause: int = 0) -> None:
+        self.write(Evict(alloc, cause))
+
+    def restore(self, alloc: int, cause: int = 3) -> None:
+        self.write(Restore(alloc, cause))
 
     # -- framing
     def _flush(self) -> None:
@@ -288,10 +306,12 @@ class _Cursor:
 class _State:
     """The semantic checks: strings, live allocations, launches."""
 
-    def __init__(self):
+    def __init__(self, version: int = VERSION):
+        self.version = version
         self.strings: set[int] = set()
         self.ever: set[int] = set()
         self.live: dict[int, int] = {}  # alloc -> size
+        self.evicted: set[int] = set()  # live allocations EVICTed, not RESTOREd since
         self.launches = 0
 
     def string_used(self, sid: int, off: int) -> None:
@@ -334,6 +354,7 @@ def _read_record(c: _Cursor, st: _State):
         alloc, stream = c.varint(), c.varint()
         st.live_alloc(alloc, at, "FREE")
         del st.live[alloc]
+        st.evicted.discard(alloc)  # an evicted allocation may be freed
         return Free(alloc, stream)
     if rtype == T_LAUNCH:
         stream, name, duration = c.varint(), c.varint(), c.varint()
@@ -383,6 +404,24 @@ def _read_record(c: _Cursor, st: _State):
         if launch >= st.launches:
             raise TraceError(at, f"DURATION names launch {launch}; {st.launches} launches so far")
         return Duration(launch, duration)
+    if rtype in (T_EVICT, T_RESTORE):
+        if st.version < 2:
+            raise TraceError(at, f"record type {rtype} is unknown in version {st.version} "
+                                 "(EVICT and RESTORE came in version 2)")
+        alloc, cause = c.varint(), c.u8()
+        name = "EVICT" if rtype == T_EVICT else "RESTORE"
+        if cause >= len(MOVE_CAUSES):
+            raise TraceError(at, f"{name} cause {cause} is not 0-3")
+        st.live_alloc(alloc, at, name)
+        if rtype == T_EVICT:
+            if alloc in st.evicted:
+                raise TraceError(at, f"EVICT of allocation {alloc}, already evicted")
+            st.evicted.add(alloc)
+            return Evict(alloc, cause)
+        if alloc not in st.evicted:
+            raise TraceError(at, f"RESTORE of allocation {alloc}, which is not evicted")
+        st.evicted.discard(alloc)
+        return Restore(alloc, cause)
     raise TraceError(at, f"unknown record type {rtype}")
 
 
@@ -399,8 +438,9 @@ def read_header(f) -> dict:
     if magic != MAGIC:
         raise TraceError(0, f"bad magic {magic!r}")
     version, meta_len = struct.unpack("<II", _read_exact(f, 8, 8, "the header"))
-    if version != VERSION:
-        raise TraceError(8, f"version {version} unknown (this reader knows {VERSION})")
+    if not OLDEST_VERSION <= version <= VERSION:
+        raise TraceError(8, f"version {version} unknown (this reader knows "
+                            f"{OLDEST_VERSION} to {VERSION})")
     if meta_len > MAX_META:
         raise TraceError(12, f"meta_len {meta_len} exceeds 1 MiB")
     meta_bytes = _read_exact(f, meta_len, 16, "meta")
@@ -428,7 +468,9 @@ def iter_records(path, meta_out: dict | None = None):
         if meta_out is not None:
             meta_out.update(meta)
         pos = f.tell()
-        st = _State()
+        f.seek(8)  # the version, checked by read_header
+        st = _State(struct.unpack("<I", f.read(4))[0])
+        f.seek(pos)
         total = 0
         while True:
             tag = f.read(4)

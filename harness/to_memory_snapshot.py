@@ -70,18 +70,16 @@ options give the same bytes) the way spillway holds memory (docs/config.md):
 
 Evictions and restores
 ----------------------
-A version-1 record does not hold spillway's evictions and restores: it is the
-job's own stream of allocations, frees and launches, which the replayer
-replays under any budget, and the shim's recorder (observe/recorder.*) does
-not write spillway's transfers (SPILLWAY_TRACE's Chrome trace has them, named
-by device address, which the record does not give). A snapshot converted
-from a record today therefore shows none, and says so
-(`spillway.evictions_in_record` is False).
+A version-2 record written by the shim (`SPILLWAY_RECORD`) holds spillway's
+evictions and restores in the recorded run: EVICT and RESTORE records, each
+naming an allocation and why it moved (docs/trace-format.md). A version-1
+record, and the CPU recorder's, hold none: a snapshot converted from one
+shows none, and says so (`spillway.evictions_in_record` is False).
 
-How they are shown is settled, and tested, for the records that will carry
-them: `convert` takes, among the records, `Evict(alloc, cause)` and
-`Restore(alloc, cause)` (or any record type of those names with an `alloc`
-field). An eviction takes the block's device memory away, so it is written
+How they are shown: `convert` takes, among the records, `Evict(alloc, cause)`
+and `Restore(alloc, cause)` (spillway_trace's, whose cause is an index of
+`MOVE_CAUSES`, or any record type of those names with an `alloc` field and a
+cause in words). An eviction takes the block's device memory away, so it is written
 as the block's `free_requested` + `free_completed` followed, for a large
 block, by its segment's `segment_free`; a restore as `segment_alloc` +
 `alloc` at the same address. Each carries a first frame
@@ -106,14 +104,13 @@ import pickletools
 import re
 import sys
 import tempfile
-from collections import namedtuple
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import spillway_trace as st  # noqa: E402
 
-Evict = namedtuple("Evict", "alloc cause")
-Restore = namedtuple("Restore", "alloc cause")
+Evict = st.Evict
+Restore = st.Restore
 
 BASE_ADDRESS = 0x7F0000000000
 GRANULE = 2 << 20
@@ -269,6 +266,8 @@ def convert(meta: dict, records, device: int = 0, min_block: int = DEFAULT_MIN_B
         return addr
 
     def transfer_frames(b, what, cause):
+        if isinstance(cause, int):
+            cause = st.MOVE_CAUSES[cause] if 0 <= cause < len(st.MOVE_CAUSES) else str(cause)
         text = f"{what} ({cause})" if cause else what
         return [{"filename": "spillway", "line": 0, "name": text}] + b.frames
 
@@ -730,7 +729,8 @@ def main(argv=None) -> int:
     if snap["spillway"]["evictions_in_record"]:
         moves = f"{c['evictions']} evictions and {c['restores']} restores marked"
     else:
-        moves = "no evictions or restores (a .spwt record does not hold them)"
+        moves = ("no evictions or restores in the record (spillway moved nothing, or the "
+                 "record is of version 1 or from the CPU recorder)")
     print(f"{args.output}: GPU {dev}: {c['allocs']} allocations and {c['frees']} frees over "
           f"{c['steps']} steps ({len(snap['device_traces'][dev])} trace entries); at the end "
           f"{c['live_at_end']} live, {format_bytes(allocated)} in {len(snap['segments'])} segments "

@@ -41,6 +41,9 @@ struct Transfer {
   // SPILLWAY_STACKS=1: where the block was allocated (set by Sites, first in
   // the list, for the observers after it; the name lives as long as the process).
   const char* site = nullptr;
+  // The block's extent from `ptr`: every allocation PyTorch holds in
+  // [ptr, ptr + span) moved (a split block's parts move together).
+  size_t span = 0;
 };
 
 // An allocation PyTorch got (on_alloc), or one it gives back (on_free).

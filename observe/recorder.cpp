@@ -94,6 +94,15 @@ void Recorder::on_step(uint64_t step) {
   push(e);
 }
 
+void Recorder::on_transfer(const Transfer& t) {
+  Event e;
+  e.kind = t.to_host ? Event::Kind::kEvict : Event::Kind::kRestore;
+  e.cause = t.cause;
+  e.ptr = t.ptr;
+  e.value = t.span;
+  push(e);
+}
+
 void Recorder::on_records(std::span<const cupti::DeviceRecord> records) {
   for (const cupti::DeviceRecord& r : records) {
     if (r.kind != cupti::DeviceRecord::Kind::kKernel || r.end < r.start) continue;
@@ -130,6 +139,9 @@ void Recorder::apply(const Event& e, const Touch* touches) {
       return write_step(e.value);
     case Event::Kind::kDuration:
       return write_duration(e.correlation, e.value);
+    case Event::Kind::kEvict:
+    case Event::Kind::kRestore:
+      return write_move(e);
   }
 }
 
@@ -180,6 +192,28 @@ void Recorder::write_free(const Event& e) {
   flush_launch();
   if (!w_.free(it->second.id, stream_id(e.stream))) failed();
   live_.erase(it);
+}
+
+void Recorder::write_move(const Event& e) {
+  static_assert(static_cast<int>(Cause::kBudget) == static_cast<int>(trace::MoveCause::kBudget) &&
+                static_cast<int>(Cause::kOnDemand) ==
+                    static_cast<int>(trace::MoveCause::kOnDemand));
+  const bool evict = e.kind == Event::Kind::kEvict;
+  const auto cause = static_cast<trace::MoveCause>(e.cause);
+  // The allocations in the block, as this record knows them. An allocation
+  // the record already shows where the move puts it is skipped: the move's
+  // event and an allocation's may reach the queue from two threads in the
+  // other order (an allocation is reported after its block is handed out,
+  // and the mover may evict that block meanwhile), and the record stays
+  // consistent (an EVICT of a live, resident allocation, a RESTORE of an
+  // evicted one) at the cost of that one move.
+  const uintptr_t end = e.ptr + e.value;
+  for (auto it = live_.lower_bound(e.ptr); it != live_.end() && it->first < end; ++it) {
+    LiveAlloc& a = it->second;
+    if (a.evicted == evict) continue;
+    a.evicted = evict;
+    if (!(evict ? w_.evict(a.id, cause) : w_.restore(a.id, cause))) return failed();
+  }
 }
 
 void Recorder::write_access(const Event& e, const Touch* touches) {

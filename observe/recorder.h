@@ -46,6 +46,9 @@ class Recorder final : public Observer, public cupti::ActivityListener {
   void on_free(const Allocation& a) override;
   void on_access(const Access& a, const Touch* touches, size_t n) override;
   void on_step(uint64_t step) override;
+  // spillway's evictions and restores: EVICT and RESTORE records for the
+  // allocations in the moved block.
+  void on_transfer(const Transfer& t) override;
   // ActivityListener: kernel durations (by correlation id).
   void on_records(std::span<const cupti::DeviceRecord> records) override;
   // Stops the writer, writes what is queued and the end marker. Idempotent;
@@ -60,12 +63,13 @@ class Recorder final : public Observer, public cupti::ActivityListener {
  private:
   // What a caller hands over; the writer does the rest.
   struct Event {
-    enum class Kind : uint8_t { kAlloc, kFree, kAccess, kStep, kDuration };
+    enum class Kind : uint8_t { kAlloc, kFree, kAccess, kStep, kDuration, kEvict, kRestore };
     Kind kind = Kind::kStep;
+    Cause cause = Cause::kBudget;  // kEvict, kRestore
     Access::Kind access = Access::Kind::kLaunch;
     uint32_t correlation = 0;  // kAccess, kDuration
-    uintptr_t ptr = 0;         // kAlloc, kFree
-    uint64_t value = 0;        // size (kAlloc, kFree), step, seq (kAccess), duration
+    uintptr_t ptr = 0;         // kAlloc, kFree, kEvict, kRestore
+    uint64_t value = 0;        // size (kAlloc, kFree), step, seq (kAccess), duration, span
     CUstream stream = nullptr;
     const char* text = nullptr;     // the site (kAlloc), the kernel name (kAccess)
     uint32_t first = 0, count = 0;  // kAccess: its touches in the queue's touch list
@@ -77,6 +81,7 @@ class Recorder final : public Observer, public cupti::ActivityListener {
   void apply(const Event& e, const Touch* touches);
   void write_alloc(const Event& e);
   void write_free(const Event& e);
+  void write_move(const Event& e);
   void write_access(const Event& e, const Touch* touches);
   void write_step(uint64_t step);
   void write_duration(uint32_t correlation, uint64_t duration_ns);
@@ -105,6 +110,7 @@ class Recorder final : public Observer, public cupti::ActivityListener {
   struct LiveAlloc {
     uint64_t id;
     size_t size;
+    bool evicted = false;  // as the record says: an EVICT written, no RESTORE since
   };
   std::map<uintptr_t, LiveAlloc> live_;  // by address: interior pointers resolve with upper_bound
   uint64_t next_alloc_ = 1;

@@ -593,7 +593,7 @@ size_t Allocator::finish_eviction(Block* b, bool copied) {
     s_.bytes_evicted += moved_bytes(*b);
     if (o_.observer)
       o_.observer->on_transfer({true, b->cause, o_.device, b->ptr, moved_bytes(*b), streams_->d2h(),
-                                b->queued_ns, monotonic_ns()});
+                                b->queued_ns, monotonic_ns(), nullptr, b->cap});
   } else if (b->cancel) {
     ++s_.evictions_cancelled;
   } else {
@@ -757,7 +757,7 @@ CUresult Allocator::prefetch_block(Block* b) {
   // done_ns: when it was queued; its activity record gives the copy's span.
   if (o_.observer)
     o_.observer->on_transfer({false, Cause::kPrefetch, o_.device, b->ptr, moved_bytes(*b),
-                              streams_->h2d(), queued, queued});
+                              streams_->h2d(), queued, queued, nullptr, b->cap});
   return CUDA_SUCCESS;
 }
 
@@ -1028,7 +1028,7 @@ CUresult Allocator::restore_block(Block* b, Cause cause, const CUstream* consume
   s_.bytes_restored += moved_bytes(*b);
   if (o_.observer)
     o_.observer->on_transfer({false, cause, o_.device, b->ptr, moved_bytes(*b), streams_->h2d(),
-                              queued, monotonic_ns()});
+                              queued, monotonic_ns(), nullptr, b->cap});
   return CUDA_SUCCESS;
 }
 

@@ -20,9 +20,12 @@ def sample(w):
     w.duration(0, 123456789012)
     w.phase(st.PHASE_BACKWARD)
     w.launch(1, 0, 5, [(2, 0, 100, st.READ_WRITE), (1, 4000, 96, st.MODE_UNKNOWN)])
+    w.evict(2, 0)
+    w.restore(2, 2)
+    w.evict(1, 1)
     w.free(2, 1)
     w.step(1)
-    w.free(1)
+    w.free(1)  # freed while evicted
 
 
 EXPECTED = [
@@ -34,6 +37,7 @@ EXPECTED = [
     st.Copy(0, 4, 64, 10, st.Ref(1, 128), st.Ref(0, 0)),
     st.Duration(0, 123456789012), st.Phase(2),
     st.Launch(1, 0, 5, (st.Touch(2, 0, 100, 3), st.Touch(1, 4000, 96, 0))),
+    st.Evict(2, 0), st.Restore(2, 2), st.Evict(1, 1),
     st.Free(2, 1), st.Step(1), st.Free(1, 0),
 ]
 
@@ -64,7 +68,7 @@ def test_layout_bytes(tmp_path):
     data = write(p, lambda w: w.step(300), meta={})
     meta = b"{}"
     payload = bytes([6, 0xAC, 0x02])
-    expect = (b"SPWTRACE" + struct.pack("<II", 1, 2) + meta + struct.pack("<I", zlib.crc32(meta))
+    expect = (b"SPWTRACE" + struct.pack("<II", st.VERSION, 2) + meta + struct.pack("<I", zlib.crc32(meta))
               + b"BLK1" + struct.pack("<III", 3, 1, zlib.crc32(payload)) + payload
               + b"END1" + struct.pack("<Q", 1) + struct.pack("<I", zlib.crc32(struct.pack("<Q", 1))))
     assert data == expect
@@ -138,7 +142,8 @@ def test_crc_offsets(tmp_path):
     assert e.offset == 16 and "meta CRC" in e.message
     # magic, version, meta_len
     assert refused(bad, b"X" + good[1:]).offset == 0
-    assert refused(bad, good[:8] + struct.pack("<I", 2) + good[12:]).offset == 8
+    assert refused(bad, good[:8] + struct.pack("<I", 3) + good[12:]).offset == 8
+    assert refused(bad, good[:8] + struct.pack("<I", 0) + good[12:]).offset == 8
     assert refused(bad, good[:12] + struct.pack("<I", (1 << 20) + 1) + good[16:]).offset == 12
     # bytes after the end
     e = refused(bad, good + b"\0")
@@ -153,10 +158,10 @@ def test_crc_offsets(tmp_path):
     assert e.offset == blk
 
 
-def frame(payload: bytes, count: int, meta=b"{}", records=None) -> bytes:
+def frame(payload: bytes, count: int, meta=b"{}", records=None, version=1) -> bytes:
     """A file with one hand-made block."""
     rec = struct.pack("<Q", count if records is None else records)
-    return (b"SPWTRACE" + struct.pack("<II", 1, len(meta)) + meta + struct.pack("<I", zlib.crc32(meta))
+    return (b"SPWTRACE" + struct.pack("<II", version, len(meta)) + meta + struct.pack("<I", zlib.crc32(meta))
             + b"BLK1" + struct.pack("<III", len(payload), count, zlib.crc32(payload)) + payload
             + b"END1" + rec + struct.pack("<I", zlib.crc32(rec)))
 
@@ -183,8 +188,15 @@ def test_framing_of_records(tmp_path):
     e = refused(bad, frame(bytes([6] + [0xFF] * 9 + [0x02]), 1))
     assert e.offset == PAYLOAD_AT + 1
     # unknown record type
-    e = refused(bad, frame(step + bytes([9, 0]), 2))
-    assert e.offset == PAYLOAD_AT + 2 and "unknown record type 9" in e.message
+    e = refused(bad, frame(step + bytes([11, 0]), 2, version=2))
+    assert e.offset == PAYLOAD_AT + 2 and "unknown record type 11" in e.message
+    # EVICT and RESTORE came in version 2
+    alloc = bytes([2, 1, 8, 0, 0])
+    for t in (9, 10):
+        e = refused(bad, frame(alloc + bytes([t, 1, 0]), 2))
+        assert e.offset == PAYLOAD_AT + 5 and f"record type {t} is unknown in version 1" in e.message
+    bad.write_bytes(frame(alloc + bytes([9, 1, 0, 10, 1, 3]), 3, version=2))
+    assert st.read(bad)[1][1:] == [st.Evict(1, 0), st.Restore(1, 3)]
     e = refused(bad, frame(bytes([0]), 1))
     assert e.offset == PAYLOAD_AT
     # zero-length and zero-count blocks
@@ -240,10 +252,23 @@ def test_semantic_errors(tmp_path):
         (lambda w: w.phase(4), "phase 4"),
         (lambda w: w.duration(0, 5), "DURATION names launch 0"),
         (lambda w: (w.launch(0, 0, 0, []), w.duration(1, 5)), "launch 1"),
+        (lambda w: w.evict(1), "EVICT names allocation 1"),
+        (lambda w: (w.alloc(1, 10), w.restore(1)), "RESTORE of allocation 1, which is not evicted"),
+        (lambda w: (w.alloc(1, 10), w.evict(1), w.evict(1)), "already evicted"),
+        (lambda w: (w.alloc(1, 10), w.evict(1), w.free(1), w.restore(1)),
+         "RESTORE names allocation 1"),
     ]
     for fn, text in cases:
         e, _ = semantic(tmp_path, fn)
         assert text in e.message, (text, e)
+
+
+def test_move_cause_out_of_range_is_not_written_and_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        st.encode_record(st.Evict(1, 4))
+    bad = tmp_path / "bad.spwt"
+    e = refused(bad, frame(bytes([2, 1, 8, 0, 0, 9, 1, 4]), 2, version=2))
+    assert e.offset == PAYLOAD_AT + 5 and "EVICT cause 4 is not 0-3" in e.message
 
 
 def test_semantic_offset_points_at_record(tmp_path):

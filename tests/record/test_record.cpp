@@ -124,6 +124,56 @@ TEST_P(RecordRun, TheJobsEventsReadBackInOrder) {
   fs::remove(chrome);
 }
 
+// Under a budget that holds one of the probe's two 4 MiB blocks, spillway
+// moves them, and the record (version 2) says so: EVICT and RESTORE records
+// among the job's own, each naming a live allocation, alternating (the
+// reader checks both), with their causes; the job's events are unchanged.
+// PyTorch's memory snapshot converter marks them.
+TEST(Record, EvictionsAndRestoresAreInTheRecord) {
+  const std::string path = temp_path("spillway-record-moves.spwt");
+  std::string out;
+  ASSERT_EQ(0, run_probe(path, &out, "SPILLWAY_GPU_BUDGET=6MiB")) << out;
+  std::string error;
+  auto ev = read_all(path, &error);
+  ASSERT_EQ("", error);
+  std::map<uint64_t, int> evicted, restored;
+  size_t job_events = 0;
+  for (const auto& e : ev) {
+    if (auto* m = std::get_if<tr::EvictRec>(&e)) {
+      ++evicted[m->alloc];
+      EXPECT_TRUE(m->cause == tr::MoveCause::kBudget || m->cause == tr::MoveCause::kPressure)
+          << tr::name_of(m->cause);
+    } else if (auto* m = std::get_if<tr::RestoreRec>(&e)) {
+      ++restored[m->alloc];
+      EXPECT_TRUE(m->cause == tr::MoveCause::kOnDemand || m->cause == tr::MoveCause::kPrefetch)
+          << tr::name_of(m->cause);
+    } else if (!std::holds_alternative<tr::DurationRec>(e)) {
+      ++job_events;
+    }
+  }
+  EXPECT_EQ(13u, job_events) << out;  // as without a budget (TheJobsEventsReadBackInOrder)
+  // Allocations 1 and 2 are the 4 MiB blocks: at least one left the device;
+  // the small allocation 3 never moves.
+  EXPECT_GE(evicted[1] + evicted[2], 1) << out;
+  EXPECT_EQ(0, evicted[3]);
+  // The first launch used both blocks: what left before it came back.
+  EXPECT_GE(restored[1] + restored[2], 1) << out;
+  const std::string snap = path + ".pickle";
+  std::string conv;
+  FILE* p = popen(("/usr/bin/python3 '" SOURCE_DIR "/harness/to_memory_snapshot.py' '" + path +
+                   "' -o '" + snap + "' 2>&1")
+                      .c_str(),
+                  "r");
+  ASSERT_NE(nullptr, p);
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) conv += buf;
+  ASSERT_EQ(0, pclose(p)) << conv;
+  const int moves = evicted[1] + evicted[2];
+  EXPECT_NE(std::string::npos, conv.find(std::to_string(moves) + " evictions and ")) << conv;
+  fs::remove(path);
+  fs::remove(snap);
+}
+
 INSTANTIATE_TEST_SUITE_P(Record, RecordRun, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "WithChromeTrace" : "Alone"; });
 

@@ -99,9 +99,9 @@ void vi(std::string& s, uint64_t v) {
   put_varint(s, v);
 }
 
-std::string header(const std::string& meta = kMeta) {
+std::string header(const std::string& meta = kMeta, uint32_t version = kVersion) {
   std::string s = "SPWTRACE";
-  u32(s, 1);
+  u32(s, version);
   u32(s, static_cast<uint32_t>(meta.size()));
   s += meta;
   u32(s, crc32(meta.data(), meta.size()));
@@ -181,13 +181,21 @@ std::string r_duration(uint64_t launch, uint64_t ns) {
   vi(s, ns);
   return s;
 }
+std::string r_move(uint8_t type, uint64_t alloc, uint8_t cause) {
+  std::string s;
+  u8(s, type);
+  vi(s, alloc);
+  u8(s, cause);
+  return s;
+}
 
 // A file of one block made of `records`, plus the offset of each record.
 struct Built {
   std::string bytes;
   std::vector<uint64_t> at;  // file offset of each record
 };
-Built one_block(const std::vector<std::string>& records, bool with_end = true) {
+Built one_block(const std::vector<std::string>& records, bool with_end = true,
+                uint32_t version = kVersion) {
   Built b;
   std::string payload;
   const uint64_t payload_start = header().size() + 16;
@@ -195,7 +203,7 @@ Built one_block(const std::vector<std::string>& records, bool with_end = true) {
     b.at.push_back(payload_start + payload.size());
     payload += r;
   }
-  b.bytes = header() + block(payload, static_cast<uint32_t>(records.size()));
+  b.bytes = header(kMeta, version) + block(payload, static_cast<uint32_t>(records.size()));
   if (with_end) b.bytes += end(records.size());
   return b;
 }
@@ -250,7 +258,12 @@ std::vector<Event> every_type() {
   ev.push_back(PhaseRec{PhaseKind::kBackward});
   ev.push_back(PhaseRec{PhaseKind::kOptimizer});
   ev.push_back(PhaseRec{PhaseKind::kOther});
-  ev.push_back(FreeRec{1, 0});
+  ev.push_back(EvictRec{1, MoveCause::kBudget});
+  ev.push_back(RestoreRec{1, MoveCause::kOnDemand});
+  ev.push_back(EvictRec{1, MoveCause::kPressure});
+  ev.push_back(EvictRec{2, MoveCause::kBudget});
+  ev.push_back(RestoreRec{2, MoveCause::kPrefetch});
+  ev.push_back(FreeRec{1, 0});  // freed while evicted
   ev.push_back(StepRec{UINT64_MAX});
   ev.push_back(FreeRec{2, 5});
   return ev;
@@ -474,10 +487,10 @@ TEST_F(TraceTest, BlockCountMustMatchItsRecords) {
 }
 
 TEST_F(TraceTest, UnknownRecordType) {
-  std::string bad(1, '\x09');
+  std::string bad(1, '\x0b');
   Built b = one_block({r_alloc(1, 64), bad + std::string(1, '\0')});
   spit(path("x.spwt"), b.bytes);
-  expect_refused(path("x.spwt"), b.at[1], "unknown record type 9");
+  expect_refused(path("x.spwt"), b.at[1], "unknown record type 11");
   b = one_block({std::string(1, '\0')});
   spit(path("x.spwt"), b.bytes);
   expect_refused(path("x.spwt"), b.at[0], "unknown record type 0");
@@ -596,6 +609,45 @@ TEST_F(TraceTest, FieldValuesOutsideTheirRange) {
   b = one_block({std::string("\x07\x04", 2)});
   spit(path("x.spwt"), b.bytes);
   expect_refused(path("x.spwt"), b.at[0], "PHASE 4");
+}
+
+TEST_F(TraceTest, VersionOneReadsWithoutMovesAndRefusesThem) {
+  Built b = one_block({r_alloc(1, 64), r_free(1)}, true, 1);
+  spit(path("x.spwt"), b.bytes);
+  Result r = read_all(path("x.spwt"));
+  ASSERT_TRUE(r.ok) << r.error.to_string();
+  EXPECT_EQ(r.events.size(), 2u);
+  b = one_block({r_alloc(1, 64), r_move(9, 1, 0)}, true, 1);
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[1], "record type 9 is unknown in version 1");
+  b = one_block({r_alloc(1, 64), r_move(10, 1, 0)}, true, 1);
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[1], "record type 10 is unknown in version 1");
+  spit(path("x.spwt"), one_block({}, true, 3).bytes);
+  expect_refused(path("x.spwt"), 8, "unsupported version 3 (this reader knows 1 to 2)");
+}
+
+TEST_F(TraceTest, MovesNameLiveAllocationsAndAlternate) {
+  Built b = one_block({r_move(9, 1, 0)});
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[0], "EVICT names allocation 1, which is not live");
+  b = one_block({r_alloc(1, 64), r_move(10, 1, 3)});
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[1], "RESTORE of allocation 1, which is not evicted");
+  b = one_block({r_alloc(1, 64), r_move(9, 1, 0), r_move(9, 1, 1)});
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[2], "EVICT of allocation 1, already evicted");
+  b = one_block({r_alloc(1, 64), r_move(9, 1, 4)});
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[1], "EVICT cause 4 is not 0-3");
+  // Freed while evicted, then a RESTORE of it: not live.
+  b = one_block({r_alloc(1, 64), r_move(9, 1, 0), r_free(1), r_move(10, 1, 3)});
+  spit(path("x.spwt"), b.bytes);
+  expect_refused(path("x.spwt"), b.at[3], "RESTORE names allocation 1, which is not live");
+  Writer w;
+  ASSERT_TRUE(w.open(path("w.spwt"), kMeta));
+  EXPECT_FALSE(w.evict(1, static_cast<MoveCause>(4)));
+  EXPECT_NE(w.error().find("move cause 4 is not 0-3"), std::string::npos) << w.error();
 }
 
 TEST_F(TraceTest, DurationNamesAnEarlierLaunch) {

@@ -131,9 +131,9 @@ bool Reader::open(const std::string& path) noexcept {
   if (std::memcmp(h, "SPWTRACE", 8) != 0) return fail(0, "not a spillway trace (bad magic)");
   if (!read_exact(h + 8, 8, 0, "header")) return false;
   version_ = get_u32(h + 8);
-  if (version_ != kVersion) {
+  if (version_ < kOldestVersion || version_ > kVersion) {
     return fail(8, "unsupported version " + std::to_string(version_) + " (this reader knows " +
-                       std::to_string(kVersion) + ")");
+                       std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + ")");
   }
   const uint32_t meta_len = get_u32(h + 12);
   if (meta_len > kMaxMeta) {
@@ -279,6 +279,24 @@ bool Reader::parse_record(Event& out) noexcept {
       out = r;
       break;
     }
+    case RecordType::kEvict:
+    case RecordType::kRestore: {
+      if (version_ < 2) {
+        return fail(at, "record type " + std::to_string(type) + " is unknown in version " +
+                            std::to_string(version_) + " (EVICT and RESTORE came in version 2)");
+      }
+      uint64_t alloc = 0;
+      uint8_t cause = 0;
+      if (!c.varint(alloc) || !c.u8(cause, "move cause")) return bad();
+      if (cause > 3)
+        return fail(at, std::string(name_of(static_cast<RecordType>(type))) + " cause " +
+                            std::to_string(cause) + " is not 0-3");
+      if (static_cast<RecordType>(type) == RecordType::kEvict)
+        out = EvictRec{alloc, static_cast<MoveCause>(cause)};
+      else
+        out = RestoreRec{alloc, static_cast<MoveCause>(cause)};
+      break;
+    }
     default:
       return fail(at, "unknown record type " + std::to_string(type));
   }
@@ -369,6 +387,22 @@ bool Reader::check_record(const Event& e) noexcept {
       const auto& r = std::get<FreeRec>(e);
       if (!need_live(r.alloc, "FREE")) return false;
       live_.erase(r.alloc);
+      evicted_.erase(r.alloc);  // an evicted allocation may be freed
+      return true;
+    }
+    case RecordType::kEvict: {
+      const auto& r = std::get<EvictRec>(e);
+      if (!need_live(r.alloc, "EVICT")) return false;
+      if (!evicted_.insert(r.alloc).second)
+        return fail(at, "EVICT of allocation " + std::to_string(r.alloc) + ", already evicted");
+      return true;
+    }
+    case RecordType::kRestore: {
+      const auto& r = std::get<RestoreRec>(e);
+      if (!need_live(r.alloc, "RESTORE")) return false;
+      if (evicted_.erase(r.alloc) == 0)
+        return fail(at,
+                    "RESTORE of allocation " + std::to_string(r.alloc) + ", which is not evicted");
       return true;
     }
     case RecordType::kLaunch: {

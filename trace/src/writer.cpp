@@ -52,6 +52,24 @@ const char* name_of(RecordType t) noexcept {
       return "PHASE";
     case RecordType::kDuration:
       return "DURATION";
+    case RecordType::kEvict:
+      return "EVICT";
+    case RecordType::kRestore:
+      return "RESTORE";
+  }
+  return "?";
+}
+
+const char* name_of(MoveCause c) noexcept {
+  switch (c) {
+    case MoveCause::kBudget:
+      return "budget";
+    case MoveCause::kPressure:
+      return "pressure";
+    case MoveCause::kPrefetch:
+      return "prefetch";
+    case MoveCause::kOnDemand:
+      return "on-demand";
   }
   return "?";
 }
@@ -251,6 +269,24 @@ bool Writer::duration(uint64_t launch_index, uint64_t duration_ns) noexcept {
   return append(scratch_, false);
 }
 
+bool Writer::evict(uint64_t alloc, MoveCause cause) noexcept {
+  return move(RecordType::kEvict, alloc, cause);
+}
+
+bool Writer::restore(uint64_t alloc, MoveCause cause) noexcept {
+  return move(RecordType::kRestore, alloc, cause);
+}
+
+bool Writer::move(RecordType type, uint64_t alloc, MoveCause cause) noexcept {
+  const auto c = static_cast<uint8_t>(cause);
+  if (c > 3) return fail("move cause " + std::to_string(c) + " is not 0-3");
+  scratch_.clear();
+  put_u8(scratch_, static_cast<uint8_t>(type));
+  put_varint(scratch_, alloc);
+  put_u8(scratch_, c);
+  return append(scratch_, false);
+}
+
 bool Writer::write(const Event& e) noexcept {
   return std::visit(
       [this](const auto& r) -> bool {
@@ -265,6 +301,8 @@ bool Writer::write(const Event& e) noexcept {
         if constexpr (std::is_same_v<T, StepRec>) return step(r.step);
         if constexpr (std::is_same_v<T, PhaseRec>) return phase(r.phase);
         if constexpr (std::is_same_v<T, DurationRec>) return duration(r.launch, r.duration_ns);
+        if constexpr (std::is_same_v<T, EvictRec>) return evict(r.alloc, r.cause);
+        if constexpr (std::is_same_v<T, RestoreRec>) return restore(r.alloc, r.cause);
       },
       e);
 }

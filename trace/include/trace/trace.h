@@ -1,4 +1,4 @@
-// The spillway trace format (.spwt, version 1): writer and reader.
+// The spillway trace format (.spwt, version 2): writer and reader.
 // Specification: docs/trace-format.md. Everything here lives in
 // spillway::trace; the library is linked statically, with hidden visibility,
 // into libspillway.so and spillway-replay.
@@ -18,12 +18,15 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
 namespace spillway::trace {
 
-inline constexpr uint32_t kVersion = 1;
+// Written: version 2. Read: 1 (no EVICT or RESTORE) and 2.
+inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kOldestVersion = 1;
 inline constexpr size_t kMaxBlockPayload = size_t{1} << 20;  // 1 MiB
 inline constexpr size_t kMaxMeta = size_t{1} << 20;
 
@@ -36,6 +39,8 @@ enum class RecordType : uint8_t {
   kStep = 6,
   kPhase = 7,
   kDuration = 8,
+  kEvict = 9,     // version 2
+  kRestore = 10,  // version 2
 };
 
 // TouchRec modes (bit 0 read, bit 1 write; 0 unknown).
@@ -51,6 +56,9 @@ enum class CopyKind : uint8_t {
   kMemset = 4
 };
 enum class PhaseKind : uint8_t { kOther = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
+// Why spillway moved an allocation (EVICT, RESTORE): its Cause (events.h).
+enum class MoveCause : uint8_t { kBudget = 0, kPressure = 1, kPrefetch = 2, kOnDemand = 3 };
+const char* name_of(MoveCause c) noexcept;
 
 struct TouchRec {
   uint64_t alloc = 0;
@@ -112,9 +120,23 @@ struct DurationRec {
   bool operator==(const DurationRec&) const = default;
 };
 
+// Version 2: spillway moved a live allocation's bytes to host memory
+// (EVICT) or back to the device (RESTORE), in the recorded run. A replay
+// makes its own moves; these say what the recorded run did.
+struct EvictRec {
+  uint64_t alloc = 0;
+  MoveCause cause = MoveCause::kBudget;
+  bool operator==(const EvictRec&) const = default;
+};
+struct RestoreRec {
+  uint64_t alloc = 0;
+  MoveCause cause = MoveCause::kOnDemand;
+  bool operator==(const RestoreRec&) const = default;
+};
+
 // One record. The variant index + 1 is the record type byte.
-using Event =
-    std::variant<StringRec, AllocRec, FreeRec, LaunchRec, CopyRec, StepRec, PhaseRec, DurationRec>;
+using Event = std::variant<StringRec, AllocRec, FreeRec, LaunchRec, CopyRec, StepRec, PhaseRec,
+                           DurationRec, EvictRec, RestoreRec>;
 
 RecordType type_of(const Event& e) noexcept;
 const char* name_of(RecordType t) noexcept;
@@ -169,6 +191,8 @@ class Writer {
   bool step(uint64_t step) noexcept;
   bool phase(PhaseKind phase) noexcept;
   bool duration(uint64_t launch_index, uint64_t duration_ns) noexcept;
+  bool evict(uint64_t alloc, MoveCause cause) noexcept;
+  bool restore(uint64_t alloc, MoveCause cause) noexcept;
 
   // Writes the buffered block (if any) to the file (write(2); no fsync).
   bool flush() noexcept;
@@ -182,6 +206,7 @@ class Writer {
 
  private:
   bool append(std::string_view record, bool is_launch) noexcept;
+  bool move(RecordType type, uint64_t alloc, MoveCause cause) noexcept;
   bool write_all(const void* data, size_t len) noexcept;
   bool fail(std::string why) noexcept;
 
@@ -234,6 +259,8 @@ class Reader {
   uint64_t record_offset() const noexcept { return record_offset_; }
   // Size of a live allocation (0 if not live).
   uint64_t live_size(uint64_t alloc) const noexcept;
+  // Whether a live allocation was last EVICTed (not RESTOREd since).
+  bool evicted(uint64_t alloc) const noexcept { return evicted_.count(alloc) > 0; }
 
  private:
   enum class State { kClosed, kBlocks, kInBlock, kEnd, kError };
@@ -270,6 +297,7 @@ class Reader {
   std::string where_stopped() const;
   std::unordered_map<uint64_t, std::string> strings_;
   std::unordered_map<uint64_t, uint64_t> live_;  // alloc id -> size
+  std::unordered_set<uint64_t> evicted_;         // live ids EVICTed, not RESTOREd since
   std::map<uint64_t, uint64_t> used_ids_;        // disjoint [first, last] runs of ALLOC ids seen
 };
 
