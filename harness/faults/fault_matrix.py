@@ -95,6 +95,12 @@ def classify(p, d, why):
         return False, "STOPPED without its JSON"
     if d.get("integrity_ok") is False:
         return False, "LOST BYTES: " + str(d.get("first_mismatch", ""))[:100]
+    # An access to an address with nothing mapped: the simulated context's
+    # sticky error, after which no kernel runs (so checks no byte). Whoever
+    # made the access, the run did not keep the job going nor stop it cleanly.
+    fault = re.search(r"^simcuda: .*illegal address.*$", p.stderr, re.M)
+    if fault:
+        return False, "FAULT: " + fault.group(0)[:100]
     if d.get("oom"):
         return True, "OOM returned to the job"
     if d.get("replay_error"):

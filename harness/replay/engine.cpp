@@ -35,10 +35,9 @@ const char* name_of(Strategy s) {
   return "?";
 }
 
-namespace {
-
-// What a kernel does with its touches (heap-allocated by the launcher,
-// deleted by the kernel; nullptr in accounting mode).
+// What a kernel does with its touches (nullptr in accounting mode). The
+// engine owns it until the step's end has synchronized: a kernel queued
+// after a sticky error never runs, so it cannot free its own.
 struct KernelWork {
   struct Part {
     uint64_t alloc = 0;
@@ -51,6 +50,8 @@ struct KernelWork {
   std::vector<Part> parts;
   Integrity* integrity = nullptr;
 };
+
+namespace {
 
 void replay_kernel(const void* params, size_t, const simcuda_launch_info*, void*) {
   KernelWork* w = nullptr;
@@ -74,7 +75,6 @@ void replay_kernel(const void* params, size_t, const simcuda_launch_info*, void*
     w->integrity->bytes_checked += checked;
     if (part.write) pattern_fill(at, part.alloc, part.offset, part.length);
   }
-  delete w;
 }
 
 uint64_t replay_duration(const void* params, size_t, void*) {
@@ -117,7 +117,10 @@ std::string Integrity::first_mismatch() {
 
 Engine::Engine(const Options& o, const Analysis& a) : o_(o), a_(a) {}
 Engine::~Engine() {
-  // Everything the replay created goes before the context and the shim.
+  // Everything the replay created goes before the context and the shim,
+  // once no queued work can still use it (an error: this fails at once).
+  cuCtxSynchronize();
+  kernel_work_.clear();
   live_.clear();
   host_hold_.clear();
   stream_events_.clear();
@@ -418,7 +421,7 @@ bool Engine::launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
   std::vector<uint64_t> params(2 + touches.size());
   KernelWork* w = nullptr;
   if (!o_.no_data) {
-    w = new KernelWork;
+    w = kernel_work_.emplace_back(std::make_unique<KernelWork>()).get();
     w->launch = launches_;
     w->integrity = &integrity_;
     w->parts.reserve(touches.size());
@@ -443,7 +446,7 @@ bool Engine::launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
   for (size_t i = 0; i < params.size(); ++i) args[i] = &params[i];
   if (!cu(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream(stream_id), args.data(), nullptr),
           "cuLaunchKernel")) {
-    delete w;
+    if (w) kernel_work_.pop_back();
     return false;
   }
   if (static_cast<int64_t>(launches_) == o_.inject_corruption) {
@@ -532,7 +535,8 @@ bool Engine::copy(const CopyRec& c) {
 bool Engine::end_step() {
   if (step_ < 0) return true;
   if (!cu(cuCtxSynchronize(), "cuCtxSynchronize")) return false;
-  host_hold_.clear();  // pinned buffers whose copies are now done
+  host_hold_.clear();    // pinned buffers whose copies are now done
+  kernel_work_.clear();  // and kernels
   const uint64_t now = simcuda_now_ns();
   const uint64_t t = now - step_start_ns_;
   step_times_.push_back(t);

@@ -33,6 +33,8 @@ struct Integrity {
   std::string first;
 };
 
+struct KernelWork;  // engine.cpp
+
 struct MemorySample {
   uint64_t t_ns, device_used, host_used;
 };
@@ -122,6 +124,7 @@ class Engine {
 
   std::unordered_map<uint64_t, Live> live_;
   std::vector<std::unique_ptr<PinnedBuffer>> host_hold_;
+  std::vector<std::unique_ptr<KernelWork>> kernel_work_;  // this step's launches'
   std::vector<Pending> pending_;
   std::unordered_map<uint64_t, Analysis::Saved> plan_;
   std::unordered_map<size_t, std::vector<uint64_t>> offload_after_;

@@ -386,6 +386,12 @@ bool Allocator::try_free(void* ptr, size_t size, CUstream stream) {
     return true;
   }
   streams_->clear_marks(*b);
+  if (b->unmapped && !backing_->remap(b)) {
+    // Not cached: whoever took it next would use an address with nothing
+    // mapped.
+    if (backing_->release(b)) table_.recycle(b);
+    return true;
+  }
   // A block freed during its eviction copy keeps its device copy.
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;
@@ -521,7 +527,7 @@ size_t Allocator::release_cached(size_t want) {
 std::vector<Block*> Allocator::choose_victims(size_t want, uint64_t used_after) {
   std::vector<policy::Candidate> cands;
   for (auto& [p, b] : table_.live())
-    if (b->large && b->where == Block::Where::kDevice && b->holds == 0)
+    if (b->large && b->where == Block::Where::kDevice && b->holds == 0 && !b->unmapped)
       cands.push_back({p, b->cap, b->last_use});
   std::vector<Block*> victims;
   for (uint64_t id : used_after == kAnyUse
@@ -709,6 +715,9 @@ void Allocator::note_use(const void* ptr, CUstream stream) {
 }
 
 bool Allocator::use_large(Block* b, const CUstream* consumer, const char* what) {
+  if (b->unmapped && b->where == Block::Where::kDevice && !(ensure_context() && backing_->remap(b)))
+    log::error("{} of {:#x}: its address is still unmapped; the work that uses it faults", what,
+               b->ptr);
   if (b->where == Block::Where::kEvicting) {
     b->cancel = true;
     backing_->cancel_evict(b, consumer);

@@ -89,6 +89,9 @@ class Backing {
   virtual Start start_prefetch(Block* /*b*/) { return Start::kFailed; }
   virtual bool finish_prefetch(Block* /*b*/, bool /*wait*/) { return false; }
   virtual void abort_prefetch(Block* /*b*/) {}
+  // Maps a block left `unmapped` again (its device memory or host copy,
+  // where it is); true once its address is mapped.
+  virtual bool remap(Block* b) { return !b->unmapped; }
   // Gives back the memory of a free block, resident (a cached one) or
   // evicted (its users drained by the caller), and forgets its range.
   virtual bool release(Block* b) = 0;

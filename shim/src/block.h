@@ -54,6 +54,11 @@ struct Block {
   bool live = false;
   Where where = Where::kDevice;
   bool cancel = false;  // kEvicting: used or freed meanwhile, keep the device copy
+  // Host backing: nothing is mapped at its range (a swap of mappings and its
+  // rollback both failed); its bytes are in `dev` (kDevice) or its host
+  // pieces (kHost). Nothing spillway queues reads it, and its next use maps
+  // it again first (Backing::remap).
+  bool unmapped = false;
   // Host backing: the device handle behind it (kArriving: the device copy,
   // written at its staging address); its host memory, pieces mapped over
   // the ranges of live allocations while evicted (host_backing.cpp), each

@@ -109,6 +109,12 @@ class HostBacking final : public Backing {
   }
 
   Start start_evict(Block* b, uint64_t host_budget, bool* failed) override {
+    // Its copy would read an address with nothing mapped: a fault that
+    // stops the whole context (CUDA_ERROR_ILLEGAL_ADDRESS is sticky).
+    if (!remap(b)) {
+      *failed = true;
+      return Start::kFailed;
+    }
     // Host memory counts against its budget whether in use or pooled.
     if (host_budget) {
       size_t added = bytes_to_create(b);
@@ -168,7 +174,10 @@ class HostBacking final : public Backing {
     bool swapped = false;
     if (copied && !b->cancel && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) == CUDA_SUCCESS) {
       swapped = map_host(b);
-      if (!swapped) map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device);  // put the device memory back
+      // Put the device memory back; if even that fails, the block keeps it,
+      // unmapped (both copies are whole: the copy was done and not cancelled).
+      if (!swapped && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) != CUDA_SUCCESS)
+        left_unmapped(b, "eviction");
     }
     if (swapped) {
       p_.dev.give(b->dev, b->cap);
@@ -214,19 +223,19 @@ class HostBacking final : public Backing {
       r = p_.streams.drain(h2d);
     else
       p_.streams.drain(h2d);  // pieces' copies queued before the failure end first
-    const bool unmapped = r == CUDA_SUCCESS && unmap_host(b);
-    if (unmapped && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
+    const bool off = r == CUDA_SUCCESS && (b->unmapped || unmap_host(b));
+    if (off && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
       give_host(b);
       b->dev = h;
       b->where = Block::Where::kDevice;
+      b->unmapped = false;
       return CUDA_SUCCESS;
     }
     // Roll back: the host copy stays mapped at the block's address.
-    if (unmapped && !map_host(b))
-      log::error(
-          "restore of {:#x}: its host copy could not be mapped back either: the block's address "
-          "is unmapped and an access to it faults (its bytes stay in host memory, not mapped)",
-          b->ptr);
+    if (off) {
+      b->unmapped = false;
+      if (!map_host(b)) left_unmapped(b, "restore");
+    }
     p_.dev.give(h, b->cap);
     log::warn("restore of {:#x} failed: {}", b->ptr,
               r == CUDA_SUCCESS ? std::string("its host copy could not be unmapped")
@@ -274,21 +283,19 @@ class HostBacking final : public Backing {
     }
     // The copy is done, and no seen work used the host mapping since it
     // was queued (a seen use swaps first): the address can move to it.
-    const bool unmapped = unmap_host(b);
-    if (unmapped && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS) {
+    const bool off = b->unmapped || unmap_host(b);
+    if (off && map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS) {
       give_host(b);
       p_.streams.clear_mark(*b, p_.streams.h2d());
       b->where = Block::Where::kDevice;
+      b->unmapped = false;
       return true;
     }
     // Back to the host copy, whole; the device copy is dropped.
-    if (unmapped && !map_host(b))
-      log::error(
-          "prefetch of {:#x}: its host copy could not be mapped back either: the block's "
-          "address is unmapped and an access to it faults (its bytes stay in host memory, not "
-          "mapped)",
-          b->ptr);
+    b->unmapped = false;
+    const bool lost = off && !map_host(b);
     drop_device_copy(b);
+    if (lost) left_unmapped(b, "prefetch");
     log::warn("prefetch of {:#x} could not be swapped in; it stays on the host", b->ptr);
     return false;
   }
@@ -301,10 +308,10 @@ class HostBacking final : public Backing {
 
   bool release(Block* b) override {
     if (b->where == Block::Where::kHost) {
-      if (!unmap_host(b)) return false;
+      if (!b->unmapped && !unmap_host(b)) return false;
       give_host(b);
     } else {
-      if (CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
+      if (!b->unmapped && CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap) != CUDA_SUCCESS) return false;
       p_.dev.give(b->dev, b->cap);
     }
     p_.arena.give(b->ptr, b->cap);
@@ -318,7 +325,9 @@ class HostBacking final : public Backing {
     for (const auto& owned : p_.table.all()) {
       Block* b = owned.get();
       if (!b->large) continue;
-      if (b->where == Block::Where::kHost || b->where == Block::Where::kArriving)
+      if (b->unmapped)
+        ;  // nothing to unmap
+      else if (b->where == Block::Where::kHost || b->where == Block::Where::kArriving)
         unmap_host(b);
       else
         CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
@@ -363,12 +372,35 @@ class HostBacking final : public Backing {
     return made;
   }
 
+  bool remap(Block* b) override {
+    if (!b->unmapped) return true;
+    const bool mapped = b->where == Block::Where::kHost
+                            ? map_host(b)
+                            : map_rw(p_.d, b->ptr, b->cap, b->dev, p_.device) == CUDA_SUCCESS;
+    if (mapped) {
+      b->unmapped = false;
+      log::info("block {:#x} is mapped again", b->ptr);
+    }
+    return mapped;
+  }
+
   uint64_t host_held() const override { return host_.held(); }
   uint64_t added_by(size_t need) const override { return p_.dev.has(need) ? 0 : need; }
   uint64_t host_creates() const override { return host_.creates(); }
   uint64_t host_reserved() const override { return host_.held() - host_.pooled(); }
 
  private:
+  // A swap of mappings (`what`) and its rollback both failed: the block
+  // keeps its bytes where it is, with nothing mapped at its address.
+  void left_unmapped(Block* b, const char* what) {
+    b->unmapped = true;
+    log::error(
+        "{} of {:#x}: neither its device memory nor its host copy could be mapped at its "
+        "address; work that uses it before spillway maps it again faults (its {} bytes are kept "
+        "in {} memory)",
+        what, b->ptr, b->cap, b->where == Block::Where::kHost ? "host" : "device");
+  }
+
   // The host pieces back to their pool, their staging mappings kept.
   void give_host(Block* b) {
     for (const Block::HostPiece& piece : b->host) host_.give(piece.h, piece.size);

@@ -705,6 +705,66 @@ TEST_F(AllocatorTest, ARestoreFailingWhileItsLaunchWaitsLeavesTheBlockUsableFrom
   a->free(p, kSize, nullptr);
 }
 
+// An eviction whose swap of mappings fails and whose rollback (the device
+// memory mapped back) fails too, as under a driver that refuses every access
+// grant from then on: the block keeps its bytes in device memory with
+// nothing mapped at its address. spillway must not fault on it itself (no
+// eviction copy reads it: the fault matrix found one, CUDA_ERROR_ILLEGAL_ADDRESS
+// is sticky), must not hand it out again from its cache, and maps it again
+// at its next use once the driver grants access again.
+TEST_F(AllocatorTest, ABlockLeftUnmappedIsNeitherReadNorReusedAndIsMappedAtItsNextUse) {
+  auto a = make(0);
+  constexpr size_t kSize = 4 * MiB;
+  void* p = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, p);
+  fill(p, kSize, 21, nullptr);
+  // Host pieces pooled and staged: the next eviction grants no access
+  // before its swap.
+  ASSERT_CU(a->evict(p));
+  ASSERT_CU(a->restore(p, nullptr));
+  char buf[256];
+  ASSERT_CU(simcuda_fail_call("cuMemSetAccess", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  EXPECT_NE(CUDA_SUCCESS, a->evict(p));
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
+  const uint64_t copies = simcuda_call_count("cuMemcpyDtoDAsync");
+  EXPECT_NE(CUDA_SUCCESS, a->evict(p)) << "still no access to grant";
+  EXPECT_EQ(copies, simcuda_call_count("cuMemcpyDtoDAsync")) << "no copy reads the address";
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  const spillway::Touch t{lo, lo + kSize};
+  spillway::Access acc;
+  acc.seq = 1;
+  a->before_use(acc, &t, 1);  // logged; the use would fault: none is made
+  a->release(&t, 1);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, buf, sizeof buf)) << buf;
+  simcuda_clear_faults();
+  acc.seq = 2;
+  a->before_use(acc, &t, 1);  // mapped again
+  check(p, kSize, 21, nullptr);
+  a->release(&t, 1);
+  ASSERT_CU(a->evict(p));
+  ASSERT_CU(a->restore(p, nullptr));
+  check(p, kSize, 21, nullptr);
+  // Freed while unmapped: released, not cached, so the next allocation of
+  // its size gets a mapped block.
+  void* q = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, q);
+  ASSERT_CU(simcuda_fail_call("cuMemSetAccess", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  EXPECT_NE(CUDA_SUCCESS, a->evict(q));
+  a->free(q, kSize, nullptr);
+  simcuda_clear_faults();
+  void* r = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, r);
+  fill(r, kSize, 22, nullptr);
+  check(r, kSize, 22, nullptr);
+  check(p, kSize, 21, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, mismatches());
+  EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, buf, sizeof buf)) << buf;
+  a->free(r, kSize, nullptr);
+  a->free(p, kSize, nullptr);
+}
+
 // The same for a prefetched block whose swap fails when a launch needs it
 // (the host unmap, or the device map or access grant at both tries): the
 // address goes back to the host copy, the device copy is dropped, and the
