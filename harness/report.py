@@ -119,8 +119,10 @@ def read_timeline(chrome_trace: Path) -> dict:
     Returns {"t_ms": [...], "device": [...], "host": [...] (bytes),
     "steps": [(start_ms, end_ms), ...]}, all times simulated milliseconds."""
     doc = json.loads(chrome_trace.read_text())
+    # The JSON Array Format since session 19 (the shim's), the Object Format before.
+    events = doc if isinstance(doc, list) else doc.get("traceEvents", [])
     t, dev, host, steps = [], [], [], []
-    for ev in doc.get("traceEvents", []):
+    for ev in events:
         if ev.get("ph") == "C" and ev.get("name") == "memory":
             t.append(ev["ts"] / 1e3)
             dev.append(ev["args"].get("device_bytes", 0))

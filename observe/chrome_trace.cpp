@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "access.h"
+#include "chrome_events.h"
 #include "json.h"
 #include "output_file.h"
 #include "term_signals.h"
@@ -143,11 +144,11 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
   limits.join_slots = std::max<size_t>(limits.join_slots, 4);
   limits.flush_ms = std::max(limits.flush_ms, 1);
   std::unique_ptr<ChromeTrace> t(new ChromeTrace(path, activity, limits));
-  t->fd_ = open_output(path, why);
-  if (t->fd_ < 0) return nullptr;
+  const int fd = open_output(path, why);
+  if (fd < 0) return nullptr;
+  t->out_ = std::make_unique<ChromeEventWriter>(fd, limits.out_bytes);
   t->ring_.reset(new HostEvent[limits.ring_events]);
   t->batch_.reset(new HostEvent[limits.ring_events]);
-  t->out_.reset(new char[limits.out_bytes]);
   t->join_ = std::make_unique<Join>(limits.join_slots);
   t->join_->copies.reserve(limits.join_slots);
   t->join_->waiting.reserve(limits.join_slots);
@@ -155,7 +156,7 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
   t->tracks_.reserve(kMaxTracks);
   t->c_.ring_cap = limits.ring_events;
   t->c_.spill_cap = limits.spill_events;
-  t->c_.out_cap = limits.out_bytes;
+  t->c_.out_cap = t->out_->buffer_bytes();
   t->c_.join_cap = limits.join_slots;
   t->sim_driver_ = driver_is_simulated();
   if (activity) t->c_.activity_buffers = cupti::ActivityBuffers::kBuffers;
@@ -170,10 +171,6 @@ std::unique_ptr<ChromeTrace> ChromeTrace::open(const std::string& path,
   t->start_trace_ns_ = t->now();
   t->start_monotonic_ns_ = monotonic_ns();
   t->base_ = t->start_trace_ns_ > 1000000000ull ? t->start_trace_ns_ - 1000000000ull : 0;
-  std::string head = "[";
-  t->out_len_ = 0;
-  std::memcpy(t->out_.get(), head.data(), head.size());
-  t->out_len_ = head.size();
   t->line(
       "{\"name\":\"spillway trace start\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%s,"
       "\"args\":{\"spillway_version\":\"%s\",\"schema\":%d,\"clock\":\"%s\",\"simulated_time\":%s,"
@@ -297,45 +294,22 @@ std::string ChromeTrace::ts(uint64_t t) {
     ++c_.clamped;
     t = base_;
   }
-  const uint64_t rel = t - base_;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%" PRIu64 ".%03u", rel / 1000, static_cast<unsigned>(rel % 1000));
-  return buf;
+  return ChromeEventWriter::micros(t - base_);
 }
 
 void ChromeTrace::line(const char* fmt, ...) {
-  char buf[2048];
   va_list ap;
   va_start(ap, fmt);
-  int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  out_->vevent(fmt, ap);
   va_end(ap);
-  if (n < 0) return;
-  // Every format above bounds its strings well below the buffer.
-  const size_t len = std::min(static_cast<size_t>(n), sizeof buf - 1);
-  const size_t need = len + 2;  // ',' or nothing, then '\n'
-  if (out_len_ + need > limits_.out_bytes) write_out();
-  char* o = out_.get() + out_len_;
-  if (!first_event_) *o++ = ',';
-  first_event_ = false;
-  std::memcpy(o, buf, len);
-  o += len;
-  *o++ = '\n';
-  out_len_ = static_cast<size_t>(o - out_.get());
   std::lock_guard lk(counters_mu_);
-  c_.out_peak = std::max(c_.out_peak, out_len_);
+  c_.out_peak = out_->buffered_peak();
 }
 
 void ChromeTrace::write_out() {
-  if (out_len_ == 0 || fd_ < 0) return;
-  // Whole lines only, in one write: a cut file ends at a line boundary
-  // unless the process dies inside this very call.
-  if (!write_all(fd_, out_.get(), out_len_)) {
-    ::close(fd_);
-    fd_ = -1;  // a full disk ends the trace, not the job
-  }
+  out_->flush();
   std::lock_guard lk(counters_mu_);
-  c_.bytes_written += out_len_;
-  out_len_ = 0;
+  c_.bytes_written = out_->bytes_written();
 }
 
 void ChromeTrace::ensure_track(uint32_t pid, uint64_t tid) {
@@ -346,24 +320,17 @@ void ChromeTrace::ensure_track(uint32_t pid, uint64_t tid) {
   for (const auto& t : tracks_) new_pid = new_pid && t.first != pid;
   tracks_.emplace_back(pid, tid);
   if (new_pid)
-    line("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"args\":{\"name\":\"GPU %u%s\"}}",
-         pid, pid,
-         simulated_    ? " (simulated time)"
-         : sim_driver_ ? " (simulated GPU, host time)"
-                       : "");
+    out_->process_name(pid, "GPU " + std::to_string(pid) +
+                                (simulated_    ? " (simulated time)"
+                                 : sim_driver_ ? " (simulated GPU, host time)"
+                                               : ""));
   if (tid == kTidEvict || tid == kTidRestore) {
-    line("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
-         ",\"args\":{\"name\":\"%s\"}}",
-         pid, tid,
-         tid == kTidEvict ? "spillway evictions (device to host)"
-                          : "spillway restores (host to device)");
-    line("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
-         ",\"args\":{\"sort_index\":%d}}",
-         pid, tid, tid == kTidEvict ? -2 : -1);
+    out_->thread_name(pid, tid,
+                      tid == kTidEvict ? "spillway evictions (device to host)"
+                                       : "spillway restores (host to device)");
+    out_->thread_sort_index(pid, tid, tid == kTidEvict ? -2 : -1);
   } else {
-    line("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%" PRIu64
-         ",\"args\":{\"name\":\"stream %" PRIu64 "\"}}",
-         pid, tid, tid);
+    out_->thread_name(pid, tid, "stream " + std::to_string(tid));
   }
 }
 
@@ -577,7 +544,7 @@ void ChromeTrace::take_events() {
 
 void ChromeTrace::on_records(std::span<const cupti::DeviceRecord> records) {
   std::lock_guard lk(write_mu_);
-  if (file_closed_) return;
+  if (out_->closed()) return;
   // These records' buffers completed before the ring is read now: every
   // copy of spillway's they hold was announced (at the call) before it ran,
   // so its event is handled before its record.
@@ -592,12 +559,12 @@ void ChromeTrace::run() {
   // Not under write_mu_: the reader's listeners take it.
   if (signalled && activity_) activity_->sync(std::chrono::milliseconds(kSignalSyncMs));
   std::lock_guard lk(write_mu_);
-  if (!file_closed_) {
+  if (!out_->closed()) {
     take_events();
     write_out();
   }
   if (signalled) {
-    if (sig_fatal_.load(std::memory_order_acquire) && !file_closed_) {
+    if (sig_fatal_.load(std::memory_order_acquire) && !out_->closed()) {
       close_file();
       closed_.store(true, std::memory_order_release);
     }
@@ -641,15 +608,10 @@ void ChromeTrace::close_file() {
       c.memory_samples, c.ooms_avoided, c.events_dropped, c.records_dropped, c.buffers_cut,
       c.clamped, c.ring_peak, c.ring_cap, c.out_peak, c.out_cap, c.join_peak, c.join_cap,
       c.activity_buffers_peak, c.activity_buffers, cupti::ActivityBuffers::kBufferBytes);
-  const char tail[] = "]\n";
-  if (out_len_ + sizeof tail > limits_.out_bytes) write_out();
-  std::memcpy(out_.get() + out_len_, tail, sizeof tail - 1);
-  out_len_ += sizeof tail - 1;
-  write_out();
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-  file_closed_ = true;
+  out_->close();
   std::lock_guard lk(counters_mu_);
+  c_.out_peak = out_->buffered_peak();
+  c_.bytes_written = out_->bytes_written();
   c_.closed = true;
 }
 
@@ -664,7 +626,7 @@ void ChromeTrace::finish() {
   if (activity_) activity_->sync(std::chrono::milliseconds(kSignalWaitMs));
   writer_->stop();
   std::lock_guard write(write_mu_);
-  if (!file_closed_) close_file();
+  if (!out_->closed()) close_file();
   closed_.store(true, std::memory_order_release);
 }
 

@@ -37,6 +37,8 @@
 
 namespace spillway {
 
+class ChromeEventWriter;
+
 class ChromeTrace final : public Observer, public cupti::ActivityListener {
  public:
   struct Limits {
@@ -152,11 +154,7 @@ class ChromeTrace final : public Observer, public cupti::ActivityListener {
   // The writer's state: the writer thread, the activity reader's, a signal's
   // flush and finish(), one at a time under write_mu_.
   std::mutex write_mu_;
-  int fd_ = -1;
-  bool file_closed_ = false;
-  std::unique_ptr<char[]> out_;
-  size_t out_len_ = 0;
-  bool first_event_ = true;
+  std::unique_ptr<ChromeEventWriter> out_;  // the file (base/chrome_events.h)
   std::unique_ptr<Join> join_;
   std::vector<std::pair<uint32_t, uint64_t>> tracks_;  // (pid, tid) named so far (capped)
 

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
+#include "chrome_events.h"
 #include "output_file.h"
 #include "engine.h"
 #include "ideal.h"
@@ -201,29 +202,32 @@ uint64_t lower_bound_ns(const Analysis& a, uint64_t steps, uint64_t budget, cons
   return lb[lb.size() / 2];
 }
 
-void write_chrome_trace(std::ostream& out, Engine& e, const Options& o) {
-  out << "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"clock\":\"simulated (sim virtual host "
-         "time)\",\"strategy\":\""
-      << name_of(o.strategy) << "\"},\"traceEvents\":[\n";
-  out << R"x({"ph":"M","pid":1,"name":"process_name","args":{"name":"spillway-replay (simulated time)"}})x";
-  char buf[256];
+// The replay's steps and memory on the replay thread's simulated clock, in
+// the shim's trace format (base/chrome_events.h): Perfetto and
+// chrome://tracing open both alike. Closes `fd`; the errno of a failed
+// write, else 0.
+int write_chrome_trace(int fd, Engine& e, const Options& o) {
+  spillway::ChromeEventWriter w(fd, 256 * 1024);
+  w.event(
+      "{\"name\":\"spillway-replay trace start\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,"
+      "\"ts\":0.000,\"args\":{\"spillway_version\":\"%s\",\"schema\":%d,\"clock\":\"simulated "
+      "(sim virtual host "
+      "time)\",\"simulated_time\":true,\"simulated_gpu\":true,\"strategy\":\"%s\"}}",
+      spillway::kVersion, spillway::kJsonSchema, name_of(o.strategy));
+  w.process_name(1, "spillway-replay (simulated time)");
   const auto& spans = e.step_spans();
   for (size_t i = 0; i < spans.size(); ++i) {
-    std::snprintf(buf, sizeof buf,
-                  ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":1,\"name\":\"step %zu\",\"ts\":%.3f,"
-                  "\"dur\":%.3f}",
-                  i, static_cast<double>(spans[i].first) / 1e3,
-                  static_cast<double>(spans[i].second - spans[i].first) / 1e3);
-    out << buf;
+    w.event("{\"name\":\"step %zu\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":%s,\"dur\":%s}", i,
+            spillway::ChromeEventWriter::micros(spans[i].first).c_str(),
+            spillway::ChromeEventWriter::micros(spans[i].second - spans[i].first).c_str());
   }
   for (const MemorySample& m : e.timeline()) {
-    std::snprintf(buf, sizeof buf,
-                  ",\n{\"ph\":\"C\",\"pid\":1,\"name\":\"memory\",\"ts\":%.3f,\"args\":{"
-                  "\"device_bytes\":%" PRIu64 ",\"host_bytes\":%" PRIu64 "}}",
-                  static_cast<double>(m.t_ns) / 1e3, m.device_used, m.host_used);
-    out << buf;
+    w.event(
+        "{\"name\":\"memory\",\"ph\":\"C\",\"pid\":1,\"ts\":%s,\"args\":{\"device_bytes\":%" PRIu64
+        ",\"host_bytes\":%" PRIu64 "}}",
+        spillway::ChromeEventWriter::micros(m.t_ns).c_str(), m.device_used, m.host_used);
   }
-  out << "\n]}\n";
+  return w.close() ? 0 : w.error();
 }
 
 }  // namespace
@@ -447,10 +451,10 @@ int main(int argc, char** argv) {
   const std::string report =
       j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   bool written = json_fd < 0 || write_and_close(json_fd, report, o.json_out);
-  if (trace_fd >= 0) {
-    std::ostringstream t;
-    write_chrome_trace(t, e, o);
-    written = write_and_close(trace_fd, t.str(), o.trace_out) && written;
+  if (const int err = trace_fd < 0 ? 0 : write_chrome_trace(trace_fd, e, o); err != 0) {
+    std::fprintf(stderr, "spillway-replay: writing '%s' failed: %s\n", o.trace_out.c_str(),
+                 std::strerror(err));
+    written = false;
   }
   if (!written) return 1;
 

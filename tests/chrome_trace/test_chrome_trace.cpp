@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "chrome_events.h"
 #include "chrome_trace.h"
 #include "json.h"
 
@@ -227,6 +229,72 @@ TEST(JsonEscape, QuotesBackslashesAndControlCharactersAreEscaped) {
   EXPECT_EQ(json_escape("caf\xc3\xa9"), "caf\xc3\xa9") << "UTF-8 passes unchanged";
   EXPECT_EQ(json_escape("abcdef", 3), "abc") << "cut at max bytes of the input";
   EXPECT_EQ(json_escape("\"\"", 1), "\\\"");
+}
+
+// The file format both trace writers share (base/chrome_events.h): '[',
+// one event per line, each after the first starting with ',', lines out
+// whole when the buffer fills, so that a file cut between writes is the
+// array's beginning; close() ends it.
+TEST(ChromeEventWriter, WritesWholeLinesAndClosesTheArray) {
+  const std::string path = ::testing::TempDir() + "/events.json";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  spillway::ChromeEventWriter w(fd, 0);  // raised to two events' room
+  EXPECT_GE(w.buffer_bytes(), 2 * spillway::ChromeEventWriter::kMaxEvent);
+  w.process_name(1, "GPU \"0\"");
+  w.thread_name(1, 7, "stream 7");
+  w.thread_sort_index(1, 7, -2);
+  const std::string pad(1000, 'x');
+  for (int i = 0; i < 40; ++i)
+    w.event(
+        "{\"name\":\"e%d\",\"ph\":\"X\",\"pid\":1,\"tid\":7,\"ts\":%s,\"dur\":1.000,\"args\":{"
+        "\"pad\":\"%s\"}}",
+        i, spillway::ChromeEventWriter::micros(1000ull * i).c_str(), pad.c_str());
+  // Some went out already, in whole lines: the file so far is the array's
+  // beginning.
+  const std::string cut = read_file(path);
+  ASSERT_GT(cut.size(), 0u);
+  EXPECT_EQ(cut.size(), w.bytes_written());
+  EXPECT_EQ('[', cut.front());
+  EXPECT_EQ('\n', cut.back());
+  EXPECT_LE(w.buffered_peak(), w.buffer_bytes());
+  ASSERT_TRUE(w.close());
+  EXPECT_TRUE(w.closed());
+  w.event("{\"name\":\"late\"}");  // dropped
+  const std::string all = read_file(path);
+  EXPECT_EQ(all.size(), w.bytes_written());
+  EXPECT_EQ(0u, all.compare(0, cut.size(), cut)) << "written before, unchanged";
+  std::istringstream lines(all);
+  std::string line;
+  std::vector<std::string> got;
+  while (std::getline(lines, line)) got.push_back(line);
+  ASSERT_EQ(3u + 40u + 1u, got.size());
+  EXPECT_EQ(R"([{"name":"process_name","ph":"M","pid":1,"args":{"name":"GPU \"0\""}})", got[0]);
+  EXPECT_EQ(R"(,{"name":"thread_name","ph":"M","pid":1,"tid":7,"args":{"name":"stream 7"}})",
+            got[1]);
+  EXPECT_EQ(R"(,{"name":"thread_sort_index","ph":"M","pid":1,"tid":7,"args":{"sort_index":-2}})",
+            got[2]);
+  for (int i = 0; i < 40; ++i)
+    EXPECT_EQ(0u, got[3 + i].find(",{\"name\":\"e" + std::to_string(i) + "\"")) << i;
+  EXPECT_NE(std::string::npos, got[3 + 39].find("\"ts\":39.000,"));
+  EXPECT_EQ("]", got.back());
+  EXPECT_EQ(all.find("late"), std::string::npos);
+  EXPECT_EQ("1234.567", spillway::ChromeEventWriter::micros(1234567));
+  EXPECT_EQ("0.005", spillway::ChromeEventWriter::micros(5));
+}
+
+// A write that fails (a full disk) ends the file, not the writer's owner:
+// close() says so with the error, and nothing more is written.
+TEST(ChromeEventWriter, AFailedWriteEndsTheFileAndCloseSaysSo) {
+  const int fd = ::open("/dev/full", O_WRONLY);
+  if (fd < 0) GTEST_SKIP() << "no /dev/full";
+  spillway::ChromeEventWriter w(fd, 0);
+  w.event("{\"name\":\"a\"}");
+  w.flush();
+  EXPECT_EQ(ENOSPC, w.error());
+  w.event("{\"name\":\"b\"}");
+  EXPECT_FALSE(w.close());
+  EXPECT_EQ(0u, w.bytes_written());
 }
 
 TEST_F(ChromeTraceRun, EvictionRunMatchesTheStatistics) {

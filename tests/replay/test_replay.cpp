@@ -166,7 +166,12 @@ TEST_F(ReplayTest, FullBudgetCompletesWithoutEvictionsAndReportsSimulatedTimes) 
   EXPECT_NE(r.out.find("simulated"), std::string::npos);
   EXPECT_NE(r.err.find("step 2 done (3/3)"), std::string::npos) << r.err;
   const std::string chrome = slurp(dir_ / "chrome.json");
-  EXPECT_NE(chrome.find("\"traceEvents\""), std::string::npos);
+  // The shim's format (base/chrome_events.h): an array, one event a line,
+  // closed, on the simulated clock.
+  EXPECT_EQ(0u, chrome.find("[{\"name\":\"spillway-replay trace start\""));
+  EXPECT_EQ(chrome.size() - 2, chrome.rfind("]\n"));
+  EXPECT_NE(chrome.find("\"clock\":\"simulated (sim virtual host time)\""), std::string::npos);
+  EXPECT_NE(chrome.find("\n,{\"name\":\"process_name\""), std::string::npos);
   EXPECT_NE(chrome.find("\"name\":\"step 2\""), std::string::npos);
   EXPECT_NE(chrome.find("device_bytes"), std::string::npos);
 }
