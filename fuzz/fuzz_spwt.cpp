@@ -29,7 +29,7 @@ void put_crc(std::string& f, size_t at, size_t from, size_t len) {
 }
 
 // Sets the meta, block and end-marker CRCs right, as far as the lengths make
-// sense (docs/trace-format.md, "Layout").
+// sense (docs/record-format.md, "Layout").
 std::string fix_crcs(std::string f) {
   if (f.size() < 16 || f.compare(0, 8, "SPWTRACE") != 0) return f;
   const uint64_t meta_len = get_u32(f, 12);

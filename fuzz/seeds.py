@@ -12,7 +12,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-import spillway_trace as st  # noqa: E402
+import spillway_record as st  # noqa: E402
 
 
 def spwt(meta, body, block_limit=st.MAX_BLOCK):

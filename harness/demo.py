@@ -2,10 +2,10 @@
 """`make demo`: a GPT job whose longest batch does not fit, on a simulated GPU.
 
     /usr/bin/python3 harness/demo.py [--build build] [--out build/demo]
-        [--trace harness/traces/gpt_varlen.spwt] [--fraction 0.65]
+        [--trace harness/records/gpt_varlen.spwt] [--fraction 0.65]
 
 Replays the committed trace of a GPT decoder trained on batches of varying
-sequence length (harness/traces/README.md) through the real libspillway.so on
+sequence length (harness/records/README.md) through the real libspillway.so on
 a simulated device with `fraction` of the trace's unconstrained peak, less
 than its longest batch needs:
 
@@ -47,7 +47,7 @@ def say(msg: str = "") -> None:
 
 def step_peaks(trace: Path) -> list[int]:
     """Largest sum of live requested bytes within each step of the trace."""
-    import spillway_trace as st
+    import spillway_record as st
     peaks, sizes, cur = [], {}, 0
     for r in st.iter_records(str(trace)):
         if isinstance(r, st.Step):
@@ -70,7 +70,7 @@ def run(binary: Path, trace: Path, strategy: str, device: int, out: Path, env=No
     rep.update(trace_name=trace.stem, budget_pct=None, device_bytes=device,
                chrome_trace=str(out / f"{strategy}.replay.trace.json"))
     status = (f"OUT OF MEMORY in step {rep['steps_completed']} ({rep.get('oom_at', '')})"
-              if rep["oom"] else f"{rep['steps_completed']}/{rep['steps_in_trace']} steps")
+              if rep["oom"] else f"{rep['steps_completed']}/{rep['steps_in_record']} steps")
     say(f"  {strategy:<12} {status}, integrity {report.integrity(rep)}"
         f"  [{time.monotonic() - t0:.0f} s wall]")
     return rep
@@ -84,7 +84,7 @@ def table(rows: list[dict], base_ns: int) -> str:
         ov = report.overhead_pct(r)
         step = "-" if r["oom"] else f"{r['sim_step_time_ns'] / 1e6:.2f}"
         lines.append(
-            f"{r['strategy']:<12} {str(r['steps_completed']) + '/' + str(r['steps_in_trace']):>6} "
+            f"{r['strategy']:<12} {str(r['steps_completed']) + '/' + str(r['steps_in_record']):>6} "
             f"{'yes' if r['oom'] else 'no':>4} {r['peak_device_bytes'] / MIB:>9.0f} "
             f"{r['device_bytes'] / MIB:>10.0f} {r['bytes_device_to_host'] / MIB:>8.0f} "
             f"{r['bytes_host_to_device'] / MIB:>8.0f} "
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=str(REPO / "build"))
     ap.add_argument("--out", default=None, help="default: BUILD/demo")
-    ap.add_argument("--trace", default=str(REPO / "harness" / "traces" / "gpt_varlen.spwt"))
+    ap.add_argument("--record", "--trace", dest="trace", default=str(REPO / "harness" / "records" / "gpt_varlen.spwt"))
     ap.add_argument("--fraction", type=float, default=0.65,
                     help="simulated device memory as a fraction of the unconstrained peak")
     ap.add_argument("--anchors", default=",".join(ANCHORS))
@@ -154,8 +154,8 @@ def main(argv=None) -> int:
     for r in rows:
         r.pop("timeline", None)
 
-    baseline_oom = bool(none["oom"]) and none["steps_completed"] < none["steps_in_trace"]
-    spillway_ok = (not sp["oom"] and sp["steps_completed"] == sp["steps_in_trace"]
+    baseline_oom = bool(none["oom"]) and none["steps_completed"] < none["steps_in_record"]
+    spillway_ok = (not sp["oom"] and sp["steps_completed"] == sp["steps_in_record"]
                    and sp["integrity_ok"] is True and sp["exit"] == 0)
     summary = {
         "time_units": "simulated (sim virtual clock); wall_s is wall clock",
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         "baseline_oom_shown": baseline_oom, "baseline_oom_step": none["steps_completed"],
         "spillway_completed": spillway_ok,
         "runs": {r["strategy"]: {k: r.get(k) for k in (
-            "steps_completed", "steps_in_trace", "oom", "oom_at", "integrity_ok",
+            "steps_completed", "steps_in_record", "oom", "oom_at", "integrity_ok",
             "peak_device_bytes", "budget_bytes", "bytes_device_to_host", "bytes_host_to_device",
             "sim_step_time_ns", "sim_baseline_step_time_ns", "sim_lower_bound_step_time_ns",
             "stall_ns", "command", "exit", "wall_s")} for r in rows},
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     say()
     say(f"plain allocator (none): {'OUT OF MEMORY in step ' + str(none['steps_completed']) if baseline_oom else 'did NOT run out of memory'}"
         + (f" (the longest batch is step {longest})" if baseline_oom else ""))
-    say(f"spillway: {'completed all ' + str(sp['steps_in_trace']) + ' steps, integrity ok' if spillway_ok else 'did NOT complete: ' + str(sp.get('oom_at') or sp.get('first_mismatch') or 'see ' + str(out / 'spillway.json'))}"
+    say(f"spillway: {'completed all ' + str(sp['steps_in_record']) + ' steps, integrity ok' if spillway_ok else 'did NOT complete: ' + str(sp.get('oom_at') or sp.get('first_mismatch') or 'see ' + str(out / 'spillway.json'))}"
         + (f", peak {sp['peak_device_bytes'] / MIB:.0f} MiB of {device / MIB:.0f} MiB, moved "
            f"{sp['bytes_device_to_host'] / MIB:.0f} MiB out / {sp['bytes_host_to_device'] / MIB:.0f} MiB back"
            if spillway_ok else ""))
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
 
 
 def report_meta(trace: Path) -> dict:
-    import spillway_trace as st
+    import spillway_record as st
     meta, _ = st.read(str(trace))
     return meta if isinstance(meta, dict) else json.loads(meta)
 

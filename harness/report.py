@@ -1,11 +1,11 @@
 #!/usr/bin/python3
-"""Replay a matrix of traces x budgets x strategies and report it.
+"""Replay a matrix of records x budgets x strategies and report it.
 
-    /usr/bin/python3 harness/report.py [--traces gpt_varlen,resnet50,vit_b16]
+    /usr/bin/python3 harness/report.py [--records gpt_varlen,resnet50,vit_b16]
         [--budgets 100,60,40] [--strategies spillway,none,save_on_cpu,torchtune,layerwise]
-        [--out DIR] [--quick] [--no-data-traces llama7b] [--replay PATH] [--jobs N]
+        [--out DIR] [--quick] [--no-data-records llama7b] [--replay PATH] [--jobs N]
 
-Every run is `build/bin/spillway-replay TRACE --strategy S --device-memory B
+Every run is `build/bin/spillway-replay RECORD --strategy S --device-memory B
 [--budget B] --json ... --trace-out ...` (harness/README.md). A budget is a
 percentage of the trace's unconstrained peak (the replayer's baseline: strategy
 none, no memory limit), found first by one accounting-mode run; at budget B the
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TRACE_DIR = REPO / "harness" / "traces"
+TRACE_DIR = REPO / "harness" / "records"
 STRATEGIES = ["spillway", "none", "save_on_cpu", "torchtune", "layerwise"]
 MIB = 1 << 20
 SIM = "simulated"
@@ -146,7 +146,7 @@ def live_curve(trace: Path) -> list[int]:
     key = str(trace)
     if key not in _LIVE_CACHE:
         sys.path.insert(0, str(REPO / "harness"))
-        import spillway_trace as st
+        import spillway_record as st
         live, sizes, cur = [], {}, 0
         for r in st.iter_records(str(trace)):
             if isinstance(r, st.Alloc):
@@ -207,7 +207,7 @@ def last_step_ns(row: dict) -> int | None:
     """The last step's simulated time, if every step ran: the steady state,
     after the policy has learned from the steps before it."""
     steps = row.get("step_times_ns") or []
-    if row.get("oom") or len(steps) != row.get("steps_in_trace"):
+    if row.get("oom") or len(steps) != row.get("steps_in_record"):
         return None
     return steps[-1]
 
@@ -222,7 +222,7 @@ def table(rows: list[dict]) -> str:
             f"({fmt_ms(r.get('sim_step_time_ns'))})"
         out.append(
             f"| {r['trace_name']} | {r['budget_label']} | {r['strategy']} "
-            f"| {r['steps_completed']}/{r['steps_in_trace']} | {oom} | {integrity(r)} "
+            f"| {r['steps_completed']}/{r['steps_in_record']} | {oom} | {integrity(r)} "
             f"| {fmt_mib(r['peak_device_bytes'])} / {fmt_mib(r['budget_bytes'])} "
             f"| {fmt_mib(r['bytes_device_to_host'])} / {fmt_mib(r['bytes_host_to_device'])} "
             f"| {step} | {fmt_ms(last_step_ns(r))} | {'-' if ov is None else f'{ov:+.0f}%'} "
@@ -274,7 +274,7 @@ def plot_memory(runs: list[dict], title: str, out: Path) -> Path:
     tmax = max((r["timeline"]["t_ms"][-1] for r in runs if r["timeline"]["t_ms"]), default=1)
     ymax = max([max(r["timeline"]["device"], default=0) for r in runs] +
                [max(r["timeline"]["host"], default=0) for r in runs] +
-               [max(live_curve(Path(r["trace"])), default=0) for r in runs] +
+               [max(live_curve(Path(r["record"])), default=0) for r in runs] +
                [r["budget_bytes"] for r in runs]) / MIB * 1.12
     for ax, r in zip(axes[:, 0], runs):
         tl = r["timeline"]
@@ -287,14 +287,14 @@ def plot_memory(runs: list[dict], title: str, out: Path) -> Path:
         if any(tl["host"]):
             ax.plot(tl["t_ms"], [h / MIB for h in tl["host"]], drawstyle="steps-post",
                     lw=0.6, color=color, alpha=0.45, ls="--", label="host memory (sim)")
-        live = live_curve(Path(r["trace"])) if r["strategy"] in ("none", "spillway") else []
+        live = live_curve(Path(r["record"])) if r["strategy"] in ("none", "spillway") else []
         if tl["t_ms"] and len(tl["t_ms"]) <= len(live):
             ax.plot(tl["t_ms"], [b / MIB for b in live[:len(tl["t_ms"])]],
                     drawstyle="steps-post", lw=0.6, color="k", alpha=0.7,
                     label="job's live bytes (requested)")
         ax.axhline(r["budget_bytes"] / MIB, color="tab:red", lw=0.8, ls=":", label="budget")
         status = (f"OOM in step {r['steps_completed']}" if r.get("oom")
-                  else f"{r['steps_completed']}/{r['steps_in_trace']} steps")
+                  else f"{r['steps_completed']}/{r['steps_in_record']} steps")
         if r.get("oom") and tl["t_ms"]:
             ax.plot([tl["t_ms"][-1]], [tl["device"][-1] / MIB], "x", color="tab:red", ms=8, mew=2)
         ax.text(0.005, 0.92, f"{r['strategy']}: {status}, peak {r['peak_device_bytes'] / MIB:.0f} MiB",
@@ -399,7 +399,7 @@ def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategie
             done[0] += 1
             k = done[0]
         log(f"[{k}/{len(tasks)}] {t['name']} {budget_label(t['pct'])} {t['strategy']}: steps "
-            f"{rep['steps_completed']}/{rep['steps_in_trace']}"
+            f"{rep['steps_completed']}/{rep['steps_in_record']}"
             f"{' OOM' if rep['oom'] else ''}, integrity {integrity(rep)}, median step "
             f"{fmt_ms(rep['sim_step_time_ns'])} ms simulated ({rep['wall_s']} s wall)")
         return rep
@@ -446,8 +446,9 @@ def parse_list(s: str) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", default="gpt_varlen,resnet50,vit_b16",
-                    help="committed trace names (harness/traces/NAME.spwt) or .spwt paths")
+    ap.add_argument("--records", "--traces", dest="traces", default="gpt_varlen,resnet50,vit_b16",
+                    help="committed record names (harness/records/NAME.spwt) or .spwt paths "
+                    "(--traces: its name before session 19)")
     ap.add_argument("--budgets", default="100,60,40",
                     help="percentages of each trace's unconstrained peak")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
@@ -455,8 +456,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="gpt_varlen only, budgets 100,60, strategies spillway,none "
                          "(unless given explicitly)")
-    ap.add_argument("--no-data-traces", default="llama7b",
-                    help="traces replayed in accounting mode (--no-data)")
+    ap.add_argument("--no-data-records", "--no-data-traces", dest="no_data_traces", default="llama7b",
+                    help="records replayed in accounting mode (--no-data)")
     ap.add_argument("--plot-budgets", default=None,
                     help="budgets with a memory plot (default: every budget below 100)")
     ap.add_argument("--steps", type=int, default=None, help="replay only the first N steps")
@@ -466,7 +467,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(raw)
     given = {x.split("=")[0] for x in raw}
     if a.quick:
-        if "--traces" not in given:
+        if not given & {"--records", "--traces"}:
             a.traces = "gpt_varlen"
         if "--budgets" not in given:
             a.budgets = "100,60"

@@ -33,7 +33,7 @@ those counts.
 
 What the record gives, and what is laid out here
 ------------------------------------------------
-A record (docs/trace-format.md) names allocations by id and size, never by
+A record (docs/record-format.md) names allocations by id and size, never by
 address; spillway's rounding and caching are not in it either. So addresses
 and segments are synthetic, laid out deterministically (the same record and
 options give the same bytes) the way spillway holds memory (docs/config.md):
@@ -72,12 +72,12 @@ Evictions and restores
 ----------------------
 A version-2 record written by the shim (`SPILLWAY_RECORD`) holds spillway's
 evictions and restores in the recorded run: EVICT and RESTORE records, each
-naming an allocation and why it moved (docs/trace-format.md). A version-1
+naming an allocation and why it moved (docs/record-format.md). A version-1
 record, and the CPU recorder's, hold none: a snapshot converted from one
 shows none, and says so (`spillway.evictions_in_record` is False).
 
 How they are shown: `convert` takes, among the records, `Evict(alloc, cause)`
-and `Restore(alloc, cause)` (spillway_trace's, whose cause is an index of
+and `Restore(alloc, cause)` (spillway_record's, whose cause is an index of
 `MOVE_CAUSES`, or any record type of those names with an `alloc` field and a
 cause in words). An eviction takes the block's device memory away, so it is written
 as the block's `free_requested` + `free_completed` followed, for a large
@@ -107,7 +107,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import spillway_trace as st  # noqa: E402
+import spillway_record as st  # noqa: E402
 
 Evict = st.Evict
 Restore = st.Restore
@@ -232,7 +232,7 @@ def _kind(rec) -> str:
 
 def convert(meta: dict, records, device: int = 0, min_block: int = DEFAULT_MIN_BLOCK,
             record_name: str = "") -> dict:
-    """The snapshot of `records` (a sequence, read twice: spillway_trace's
+    """The snapshot of `records` (a sequence, read twice: spillway_record's
     records, plus Evict/Restore ones) as allocations of GPU `device`."""
     if not 0 <= device < 1024:
         raise ValueError("device must be from 0 to 1023")
@@ -422,7 +422,7 @@ def _segment(device, addr, size, stream, seg_type, frames, blocks) -> dict:
 
 
 def convert_file(path, device: int | None = None, min_block: int = DEFAULT_MIN_BLOCK) -> dict:
-    """Reads the record at `path` (spillway_trace.TraceError if it is refused)
+    """Reads the record at `path` (spillway_record.RecordError if it is refused)
     and converts it; `device` defaults to the record's meta `device` when that
     is a GPU index, else 0."""
     meta, records = st.read(str(path))
@@ -680,7 +680,7 @@ def _replay(snap) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="to_memory_snapshot.py",
-        description="Converts a spillway record (.spwt, SPILLWAY_RECORD or harness/record_trace.py) "
+        description="Converts a spillway record (.spwt, SPILLWAY_RECORD or harness/record.py) "
                     "into PyTorch's memory snapshot (what torch.cuda.memory._snapshot() pickles), "
                     f"which {MEMORY_VIZ_URL} and torch.cuda._memory_viz open. Addresses are "
                     "synthetic (a record has none); see docs/profiling.md, \"PyTorch's memory viewer\".",
@@ -708,7 +708,7 @@ def main(argv=None) -> int:
             p.error("--min-block must be from 4KiB to 1GiB")
     try:
         snap = convert_file(args.record, device=args.device, min_block=min_block)
-    except st.TraceError as e:
+    except st.RecordError as e:
         print(f"{prog}: {args.record}: not a valid .spwt record: {e}", file=sys.stderr)
         return 1
     except OSError as e:

@@ -20,7 +20,7 @@ std::unique_ptr<Recorder> Recorder::open(const std::string& path, std::string* w
     *why = r->w_.error();
     return nullptr;
   }
-  // Stream 0 is the legacy default stream (docs/trace-format.md).
+  // Stream 0 is the legacy default stream (docs/record-format.md).
   r->streams_[nullptr] = 0;
   // The job starts in step 0; spillway_mark_step ends a step (the shim
   // cannot see set-up apart from the first step).

@@ -1,4 +1,4 @@
-// SPILLWAY_RECORD: the job's replayable trace (docs/trace-format.md), as the
+// SPILLWAY_RECORD: the job's replayable trace (docs/record-format.md), as the
 // shim sees it: every allocation and free PyTorch makes, every launch, copy
 // and set with the allocations it touches, step markers, and kernel
 // durations once the activity records bring them.

@@ -4,7 +4,7 @@ first call and at a later one, in a replay with every byte checked, and says
 what happened (issue 15 item 2; docs/reliability.md, "Driver failures").
 
     fault_matrix.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
-        [--trace harness/traces/gpt_varlen.spwt] [--budget 40%] [--mode host|managed] \
+        [--record harness/records/gpt_varlen.spwt] [--budget 40%] [--mode host|managed] \
         [--seed 1] [--out table.md]
 
 A clean run first gives each entry point's call count (the replayer's
@@ -108,7 +108,7 @@ def classify(p, d, why):
         if "CUDA_ERROR_" not in err and "cannot" not in err:
             return False, "STOPPED without a named error: " + err[:100]
         return True, "job's call failed: " + err[:80]
-    if d.get("steps_completed") != d.get("steps_in_trace"):
+    if d.get("steps_completed") != d.get("steps_in_record"):
         return False, "STOPPED early without a reason"
     return True, "goes on, every byte intact"
 
@@ -117,7 +117,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replay", required=True)
     ap.add_argument("--shim", required=True)
-    ap.add_argument("--trace", default=os.path.join(os.path.dirname(__file__), "..", "traces",
+    ap.add_argument("--record", "--trace", dest="trace", default=os.path.join(os.path.dirname(__file__), "..", "records",
                                                     "gpt_varlen.spwt"))
     ap.add_argument("--budget", default="40%")
     ap.add_argument("--mode", default="host", choices=["host", "managed"],

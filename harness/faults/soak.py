@@ -3,7 +3,7 @@
 docs/reliability.md, "The soak").
 
     soak.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
-        --jobs 20 [--seed 1] [--traces gpt_varlen,resnet50,vit_b16] [--log soak.jsonl]
+        --jobs 20 [--seed 1] [--records gpt_varlen,resnet50,vit_b16] [--log soak.jsonl]
 
 Each job is one replay, every byte checked, with its own draw (seeded by
 --seed and the job's number, so any job reruns alone with --first N
@@ -35,9 +35,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fault_matrix  # noqa: E402
-import spillway_trace as st  # noqa: E402
+import spillway_record as st  # noqa: E402
 
-TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "traces")
+TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "records")
 # Entry points spillway calls on its own behalf with counts in the hundreds
 # in a short replay (fault_matrix.py's table).
 FAULTS = ["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
@@ -126,7 +126,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=20)
     ap.add_argument("--first", type=int, default=0, help="number of the first job")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--traces", default="gpt_varlen,gpt_varlen,resnet50,vit_b16",
+    ap.add_argument("--records", "--traces", dest="traces", default="gpt_varlen,gpt_varlen,resnet50,vit_b16",
                     help="committed traces to draw from (repeat one to draw it more often)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a job may take")
     ap.add_argument("--log", default="", help="one JSON line per job here")
@@ -170,7 +170,7 @@ def main():
           + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())) + f"; {len(failures)} failed")
     for job, line in failures:
         print(f"  rerun: {shlex.join([sys.executable] + sys.argv[:1])} --replay {args.replay} "
-              f"--shim {args.shim} --seed {args.seed} --traces {args.traces} --first {job} --jobs 1"
+              f"--shim {args.shim} --seed {args.seed} --records {args.traces} --first {job} --jobs 1"
               f"   # {line}")
     return 1 if failures else 0
 

@@ -72,7 +72,7 @@ def check_partial_map(lib):
 
 
 def check_sigterm(lib, out):
-    import spillway_trace
+    import spillway_record
     os.makedirs(out, exist_ok=True)
     files = {k: os.path.join(out, f) for k, f in
              (("stats", "stats.json"), ("record", "job.spwt"), ("trace", "trace.json"))}
@@ -109,9 +109,9 @@ def check_sigterm(lib, out):
     except (OSError, ValueError) as e:
         problems.append(f"trace: {e}")
     try:
-        summary = spillway_trace.check(files["record"])
+        summary = spillway_record.check(files["record"])
         said["record"] = f"{sum(summary['counts'].values())} records"
-    except (OSError, spillway_trace.TraceError) as e:
+    except (OSError, spillway_record.RecordError) as e:
         problems.append(f"record: {e}")
     return not problems, "; ".join(problems) if problems else ", ".join(
         f"{k}: {v}" for k, v in said.items())

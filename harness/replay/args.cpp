@@ -137,7 +137,7 @@ Args parse_args(int argc, const char* const* argv) {
   })->group("");
   app.add_flag("--baseline-child", o.baseline_child)->group("");
   app.add_flag("--quiet", o.quiet)->group("");
-  app.add_option("RECORD", record, "the .spwt record to replay (harness/record_trace.py)");
+  app.add_option("RECORD", record, "the .spwt record to replay (harness/record.py)");
   r.help = app.help();
 
   for (int i = 1; i < argc; ++i) {

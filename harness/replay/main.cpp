@@ -388,11 +388,11 @@ int main(int argc, char** argv) {
   j["version"] = spillway::kVersion;
   j["schema"] = spillway::kJsonSchema;
   j["time_units"] = "simulated nanoseconds (sim virtual clock)";
-  j["trace"] = o.trace;
+  j["record"] = o.trace;
   j["strategy"] = name_of(o.strategy);
   j["mode"] = mode;
   j["data_checked"] = !o.no_data;
-  j["steps_in_trace"] = a.steps;
+  j["steps_in_record"] = a.steps;
   j["steps_completed"] = steps;
   j["oom"] = e.oom();
   if (!ran && !e.oom()) j["replay_error"] = e.error();
@@ -408,12 +408,12 @@ int main(int argc, char** argv) {
   j["within_budget"] = peak <= budget;
   j["device_memory_bytes"] = ms.device_capacity;
   j["unconstrained_peak_bytes"] = unconstrained;
-  j["trace_peak_live_bytes"] = a.peak_live_bytes;
+  j["record_peak_live_bytes"] = a.peak_live_bytes;
   j["bytes_device_to_host"] = d2h;
   j["bytes_host_to_device"] = h2d;
   j["bytes_forced_off_at_peak"] = forced;
-  j["trace_copy_bytes_device_to_host"] = e.trace_d2h_bytes();
-  j["trace_copy_bytes_host_to_device"] = e.trace_h2d_bytes();
+  j["record_copy_bytes_device_to_host"] = e.trace_d2h_bytes();
+  j["record_copy_bytes_host_to_device"] = e.trace_h2d_bytes();
   j["remote_access_bytes"] = ms.remote_access_bytes;
   j["host_peak_bytes"] = ms.host_peak;
   j["sim_step_time_ns"] = median;
@@ -446,6 +446,14 @@ int main(int argc, char** argv) {
   // The shim's statistics as it wrote them (one object; {} without them).
   nlohmann::ordered_json shim = nlohmann::ordered_json::parse(stats, nullptr, false);
   j["shim"] = shim.is_object() ? std::move(shim) : nlohmann::ordered_json::object();
+  // The keys' names before "trace" meant the Chrome/Perfetto file only and
+  // "record" the .spwt file (session 19): scripts may read them.
+  for (const char* key : {"record", "steps_in_record", "record_peak_live_bytes",
+                          "record_copy_bytes_device_to_host", "record_copy_bytes_host_to_device"}) {
+    std::string old = key;
+    old.replace(old.find("record"), 6, "trace");
+    j[old] = j[key];
+  }
   // Bytes that are not UTF-8 (a path, a damaged record's text) are replaced,
   // not thrown at.
   const std::string report =

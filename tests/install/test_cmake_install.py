@@ -89,7 +89,7 @@ def test_the_installed_replayer_runs_on_the_installed_simulator(prefix, tmp_path
     r = run([replay, "--version"], env=site_env())
     assert (r.returncode, r.stdout) == (0, "spillway-replay %s\n" % VERSION), r.stderr
     report = tmp_path / "report.json"
-    r = run([replay, os.path.join(ROOT, "harness", "traces", "gpt_varlen.spwt"), "--steps", "1",
+    r = run([replay, os.path.join(ROOT, "harness", "records", "gpt_varlen.spwt"), "--steps", "1",
              "--no-data", "--json", str(report)], env=site_env(LD_DEBUG="libs"), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert '"oom": false' in report.read_text()

@@ -1,14 +1,14 @@
-"""Every trace committed under harness/traces/ reads back, and the demo's
+"""Every trace committed under harness/records/ reads back, and the demo's
 GPT trace has the shape the demo needs."""
 import glob
 import os
 
 import pytest
 
-import spillway_trace as st
+import spillway_record as st
 from conftest import HARNESS
 
-TRACES = sorted(glob.glob(os.path.join(HARNESS, "traces", "*.spwt")))
+TRACES = sorted(glob.glob(os.path.join(HARNESS, "records", "*.spwt")))
 
 
 def step_peaks(records):
@@ -42,7 +42,7 @@ def test_trace_reads_back(path):
 
 
 def test_gpt_varlen_has_one_long_step():
-    _, records = st.read(os.path.join(HARNESS, "traces", "gpt_varlen.spwt"))
+    _, records = st.read(os.path.join(HARNESS, "records", "gpt_varlen.spwt"))
     peaks = step_peaks(records)
     assert len(peaks) >= 4
     top = max(peaks)

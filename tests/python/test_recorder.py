@@ -1,4 +1,4 @@
-"""The CPU recorder (harness/record_trace.py) and the model zoo (harness/models)."""
+"""The CPU recorder (harness/record.py) and the model zoo (harness/models)."""
 import os
 import subprocess
 import sys
@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import record_trace as rt  # noqa: E402
-import spillway_trace as st  # noqa: E402
+import record as rt  # noqa: E402
+import spillway_record as st  # noqa: E402
 from conftest import HARNESS  # noqa: E402
 
 MODELS = os.path.join(HARNESS, "models")
@@ -149,7 +149,7 @@ def test_unseen_model_file_cli(tmp_path):
     f = tmp_path / "never_seen.py"
     f.write_text(MLP)
     out = tmp_path / "never_seen.spwt"
-    r = subprocess.run([sys.executable, os.path.join(HARNESS, "record_trace.py"), "--model", str(f),
+    r = subprocess.run([sys.executable, os.path.join(HARNESS, "record.py"), "--model", str(f),
                         "--out", str(out), "--steps", "2", "-q"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     meta, records = st.read(out)

@@ -1,7 +1,7 @@
 """harness/to_memory_snapshot.py (pytest; run by ctest as part of python_report).
 
-A small record written here with harness/spillway_trace.py's writer, and the
-committed harness/traces/gpt_varlen.spwt, are converted to PyTorch's memory
+A small record written here with harness/spillway_record.py's writer, and the
+committed harness/records/gpt_varlen.spwt, are converted to PyTorch's memory
 snapshot, read back with the converter's own reader (`load`, which validates
 the layout and replays the trace) and checked against the record; where
 `import torch` works, PyTorch's own torch.cuda._memory_viz functions are run
@@ -18,11 +18,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "harness"))
-import spillway_trace as st  # noqa: E402
+import spillway_record as st  # noqa: E402
 import to_memory_snapshot as ms  # noqa: E402
 
 TOOL = REPO / "harness" / "to_memory_snapshot.py"
-GPT = REPO / "harness" / "traces" / "gpt_varlen.spwt"
+GPT = REPO / "harness" / "records" / "gpt_varlen.spwt"
 KIB, MIB = 1 << 10, 1 << 20
 NATIVE = "libtorch_cuda.so!at::native::empty_cuda+0x1f"
 
@@ -299,7 +299,7 @@ def test_the_committed_record(tmp_path):
     assert sum(b["state"] == "active_allocated" for x in s["segments"] for b in x["blocks"]) \
         == counts["Alloc"] - counts["Free"]
     # The viewer's Active Memory Timeline adds allocs and takes frees: its peak
-    # is the record's (454.1 MiB in step 3, harness/traces/README.md).
+    # is the record's (454.1 MiB in step 3, harness/records/README.md).
     live, now, peak = {}, 0, 0
     for r in st.iter_records(str(GPT)):
         if isinstance(r, st.Alloc):

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "harness"))
 import demo  # noqa: E402
 import report  # noqa: E402
-import spillway_trace as st  # noqa: E402
+import spillway_record as st  # noqa: E402
 
 REPLAY = Path(os.environ.get("REPLAY_BIN_FOR_TESTS", REPO / "build" / "bin" / "spillway-replay"))
 pytestmark = pytest.mark.skipif(not REPLAY.exists(), reason=f"{REPLAY} not built")
@@ -130,7 +130,7 @@ def test_demo_checks(tiny, tmp_path):
     assert s["runs"]["none"]["oom"] is True
     assert s["spillway_completed"] is True
     sp = s["runs"]["spillway"]
-    assert sp["integrity_ok"] is True and sp["steps_completed"] == sp["steps_in_trace"] == 3
+    assert sp["integrity_ok"] is True and sp["steps_completed"] == sp["steps_in_record"] == 3
     assert sp["peak_device_bytes"] <= s["device_bytes"]
     assert rc == 0
     assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"

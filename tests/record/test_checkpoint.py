@@ -1,4 +1,4 @@
-"""harness/record_trace.py on activation-checkpointed models (issue 15 item 6).
+"""harness/record.py on activation-checkpointed models (issue 15 item 6).
 
 pytest, run by ctest as record_checkpoint_pytest with REPLAY_BIN_FOR_TESTS
 pointing at this build's spillway-replay (else build/bin/spillway-replay; the
@@ -31,8 +31,8 @@ torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "harness"))
-import record_trace as rt  # noqa: E402
-import spillway_trace as st  # noqa: E402
+import record as rt  # noqa: E402
+import spillway_record as st  # noqa: E402
 
 MODEL = str(REPO / "harness" / "models" / "gpt_checkpoint.py")
 REPLAY = Path(os.environ.get("REPLAY_BIN_FOR_TESTS", REPO / "build" / "bin" / "spillway-replay"))
@@ -154,10 +154,10 @@ def test_replays_at_40_percent(tmp_path, reentrant):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "integrity ok" in run.stdout, run.stdout
     r = json.loads(report.read_text())
-    assert r["steps_completed"] == r["steps_in_trace"] == 2
+    assert r["steps_completed"] == r["steps_in_record"] == 2
     assert not r["oom"] and r["within_budget"]
     assert r["integrity_ok"] is True and not r.get("first_mismatch")
     assert r["bytes_checked"] > 0
     # 40% is below what the trace itself needs: the shim had to move blocks
-    assert r["budget_bytes"] < r["trace_peak_live_bytes"]
+    assert r["budget_bytes"] < r["record_peak_live_bytes"]
     assert r["bytes_device_to_host"] > 0 and r["bytes_host_to_device"] > 0

@@ -1,4 +1,4 @@
-// The committed real-model traces (harness/traces/*.spwt) replayed at 100%,
+// The committed real-model traces (harness/records/*.spwt) replayed at 100%,
 // 60% and 40% of their unconstrained peak: each completes every step without
 // an OOM, stays within its budget, and keeps every byte; at 100% nothing
 // moves. llama7b (70 GB peak) runs in accounting mode (--no-data), where the
@@ -37,8 +37,8 @@ TEST_P(CommittedTrace, CompletesWithinTheBudgetAndKeepsEveryByte) {
       replay_test::run_replay(std::string(TRACES_DIR) + "/" + model + ".spwt", args, dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_FALSE(r.flag("oom")) << r.json;
-  EXPECT_GT(r.num("steps_in_trace"), 0);
-  EXPECT_EQ(r.num("steps_completed"), r.num("steps_in_trace")) << r.json;
+  EXPECT_GT(r.num("steps_in_record"), 0);
+  EXPECT_EQ(r.num("steps_completed"), r.num("steps_in_record")) << r.json;
   EXPECT_LE(r.num("peak_device_bytes"), r.num("budget_bytes")) << r.json;
   EXPECT_TRUE(r.flag("within_budget")) << r.json;
   if (no_data) {

@@ -157,6 +157,12 @@ TEST_F(ReplayTest, FullBudgetCompletesWithoutEvictionsAndReportsSimulatedTimes) 
   EXPECT_COMPLETE(r);
   EXPECT_GT(r.num("unconstrained_peak_bytes"), 40 * MiB);
   EXPECT_EQ(r.num("budget_bytes"), r.num("unconstrained_peak_bytes"));
+  // "record" names the .spwt file; the keys' old names are kept for scripts.
+  EXPECT_EQ(r.num("steps_in_record"), 3) << r.json;
+  EXPECT_EQ(r.num("steps_in_trace"), 3) << r.json;
+  EXPECT_GT(r.num("record_peak_live_bytes"), 0) << r.json;
+  EXPECT_EQ(r.num("trace_peak_live_bytes"), r.num("record_peak_live_bytes")) << r.json;
+  EXPECT_NE(r.json.find("\"record\": \""), std::string::npos) << r.json;
   EXPECT_GT(r.num("bytes_checked"), 0);
   EXPECT_GT(r.num("sim_step_time_ns"), 0);
   EXPECT_GT(r.num("sim_baseline_step_time_ns"), 0);

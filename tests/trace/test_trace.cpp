@@ -1,4 +1,4 @@
-// trace::Writer and trace::Reader against docs/trace-format.md: round trips of
+// trace::Writer and trace::Reader against docs/record-format.md: round trips of
 // every record type, block framing, and every refusal the doc's "What a
 // reader checks" lists, each at the byte offset where the problem is.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// trace::Reader: docs/trace-format.md, "What a reader checks".
+// trace::Reader: docs/record-format.md, "What a reader checks".
 //
 // Offsets in errors: a framing problem (magic, version, a length, a count, a
 // CRC, a truncated file, bytes after the end) is reported at the field or

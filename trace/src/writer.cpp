@@ -1,4 +1,4 @@
-// trace::Writer: docs/trace-format.md, "Layout" and "Records".
+// trace::Writer: docs/record-format.md, "Layout" and "Records".
 #include <fcntl.h>
 #include <unistd.h>
 

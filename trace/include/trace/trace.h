@@ -1,5 +1,5 @@
 // The spillway trace format (.spwt, version 2): writer and reader.
-// Specification: docs/trace-format.md. Everything here lives in
+// Specification: docs/record-format.md. Everything here lives in
 // spillway::trace; the library is linked statically, with hidden visibility,
 // into libspillway.so and spillway-replay.
 //
@@ -224,7 +224,7 @@ class Writer {
 
 // ---- Reader ----------------------------------------------------------------
 // Streaming: reads one block at a time and hands out its records, checking
-// everything docs/trace-format.md ("What a reader checks") lists. The first
+// everything docs/record-format.md ("What a reader checks") lists. The first
 // problem stops the reader; error() names its byte offset in the file.
 struct ReadError {
   uint64_t offset = 0;

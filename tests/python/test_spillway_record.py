@@ -1,10 +1,10 @@
-"""The Python writer and reader of docs/trace-format.md."""
+"""The Python writer and reader of docs/record-format.md."""
 import struct
 import zlib
 
 import pytest
 
-import spillway_trace as st
+import spillway_record as st
 
 
 def sample(w):
@@ -98,7 +98,7 @@ def test_large_values_and_many_blocks(tmp_path):
 
 def refused(path, data):
     path.write_bytes(data)
-    with pytest.raises(st.TraceError) as e:
+    with pytest.raises(st.RecordError) as e:
         st.read(path)
     return e.value
 
@@ -287,3 +287,37 @@ def test_check_summary(tmp_path):
     write(p)
     s = st.check(p)
     assert s["counts"]["Launch"] == 2 and s["counts"]["String"] == 2
+
+
+def test_the_old_names_still_work(tmp_path):
+    """Scripts written before "record" named the .spwt file keep working:
+    `import spillway_trace`, `TraceError`, `harness/spillway_trace.py FILE`,
+    `harness/record_trace.py`, and the folder `harness/traces/`."""
+    import os
+    import subprocess
+    import sys
+
+    import spillway_trace
+
+    assert spillway_trace is st
+    assert st.TraceError is st.RecordError
+    harness = os.path.dirname(os.path.abspath(st.__file__))
+    good = tmp_path / "good.spwt"
+    good.write_bytes(write(tmp_path / "w.spwt"))
+    old = subprocess.run([sys.executable, os.path.join(harness, "spillway_trace.py"), str(good)],
+                         capture_output=True, text=True)
+    assert old.returncode == 0 and f"{good}: ok" in old.stdout, old.stdout + old.stderr
+    bad = tmp_path / "bad.spwt"
+    bad.write_bytes(b"SPWTRACE")
+    old = subprocess.run([sys.executable, os.path.join(harness, "spillway_trace.py"), str(bad)],
+                         capture_output=True, text=True)
+    assert old.returncode == 1 and "REFUSED" in old.stdout
+    rec = subprocess.run([sys.executable, os.path.join(harness, "record_trace.py"), "--help"],
+                         capture_output=True, text=True)
+    assert rec.returncode == 0 and "--model" in rec.stdout, rec.stderr
+    import record
+    import record_trace
+
+    assert record_trace is record
+    assert os.path.samefile(os.path.join(harness, "traces", "gpt_varlen.spwt"),
+                            os.path.join(harness, "records", "gpt_varlen.spwt"))

@@ -1,8 +1,0 @@
-#!/bin/sh
-# Re-records the committed traces (see README.md here). Run from the repository root.
-set -e
-R="/usr/bin/python3 harness/record_trace.py"
-$R --model harness/models/gpt_varlen.py --out harness/traces/gpt_varlen.spwt
-$R --model harness/models/resnet50.py --out harness/traces/resnet50.spwt --set batch=8 --set resolution=112 --set device=meta
-$R --model harness/models/vit_b16.py --out harness/traces/vit_b16.spwt --set batch=4 --set device=meta
-$R --model harness/models/llama7b.py --out harness/traces/llama7b.spwt --steps 2 --set steps=2
