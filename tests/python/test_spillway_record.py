@@ -321,3 +321,19 @@ def test_the_old_names_still_work(tmp_path):
     assert record_trace is record
     assert os.path.samefile(os.path.join(harness, "traces", "gpt_varlen.spwt"),
                             os.path.join(harness, "records", "gpt_varlen.spwt"))
+
+
+def test_a_short_fuzz_of_the_reader_finds_nothing():
+    """fuzz/fuzz_record.py, briefly (docs/reliability.md, "The Python reader"):
+    mutated records, framed again with the right CRCs, are read or refused
+    with RecordError, never another exception."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(st.__file__)), "..", "fuzz"))
+    import fuzz_record
+
+    said = []
+    findings = fuzz_record.run(inputs=3000, seed=1, log=said.append)
+    assert not findings, findings[0][1]
+    assert "3000 inputs" in said[-1] and " read, " in said[-1], said
