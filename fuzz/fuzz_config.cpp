@@ -12,26 +12,14 @@
 #include <vector>
 
 #include "config.h"
+#include "environ_image.h"
 #include "fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<std::string> vars;
-  std::string cur;
-  for (size_t i = 0; i < size; ++i) {
-    if (data[i] == '\0') {
-      vars.push_back(std::move(cur));
-      cur.clear();
-    } else {
-      cur += static_cast<char>(data[i]);
-    }
-  }
-  if (!cur.empty()) vars.push_back(std::move(cur));
-  std::vector<char*> env;
-  for (std::string& v : vars) env.push_back(v.data());
-  env.push_back(nullptr);
+  EnvironImage image(data, size);
 
   std::string error;
-  const auto config = spillway::parse_config(env.data(), &error);
+  const auto config = spillway::parse_config(image.env.data(), &error);
   if (!config) {
     FUZZ_CHECK(error.rfind("spillway: ", 0) == 0, "refusal '%s'", error.c_str());
     FUZZ_CHECK(error.find("SPILLWAY_") != std::string::npos, "refusal names nothing: '%s'",
@@ -47,6 +35,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c.host_budget.set) FUZZ_CHECK(c.host_budget.resolve(kTotal) > 0, "a host budget of 0 bytes");
   (void)c.host_reserve.resolve(kTotal);
   (void)spillway::default_gpu_budget(kTotal);
-  (void)spillway::log_tag(env.data());
+  (void)spillway::log_tag(image.env.data());
   return 0;
 }

@@ -2,7 +2,7 @@
 # Runs a libFuzzer target (docs/reliability.md):
 #   fuzz/run.sh TARGET SECONDS [libFuzzer options...]
 #   fuzz/run.sh all SECONDS        each target in turn (what .ci/run does)
-# TARGET: spwt, size, config or replay_args. Builds build-fuzz/ with clang
+# TARGET: spwt, size, config, replay_args or sim_config. Builds build-fuzz/ with clang
 # first (SPILLWAY_FUZZ=ON; FUZZ_BUILD names another folder). The committed
 # seeds (fuzz/corpus/TARGET) are read, never written: what the run finds
 # goes to build-fuzz/corpus/TARGET, kept between runs, and a crash, leak,
@@ -11,7 +11,7 @@
 # target: add -fork=N or -jobs=N yourself for more cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGETS=(spwt size config replay_args)
+TARGETS=(spwt size config replay_args sim_config)
 if [[ $# -lt 2 || ! "$2" =~ ^[0-9]+$ ]]; then
   echo "usage: fuzz/run.sh TARGET|all SECONDS [libFuzzer options...]  (TARGET: ${TARGETS[*]})" >&2
   exit 2

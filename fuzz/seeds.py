@@ -107,6 +107,19 @@ SEEDS = {
         "misspelt": b"PATH=/usr/bin\0LOCAL_RANK=1\0SPILLWAY_GPU_BUDGT=1GiB\0",
         "bad_value": b"SPILLWAY_GPU_BUDGET=0\0",
     },
+    "sim_config": {
+        "shape": b"SIMCUDA_DEVICE_COUNT=2\0SIMCUDA_DEVICE_MEMORY=24GiB\0SIMCUDA_HOST_MEMORY=1.5TB\0"
+                 b"SIMCUDA_GRANULARITY=2097152\0",
+        "rates": b"SIMCUDA_H2D_GBPS=55\0SIMCUDA_D2H_GBPS=26.5\0SIMCUDA_BIDIR_GBPS=45\0"
+                 b"SIMCUDA_HBM_GBPS=3000\0SIMCUDA_FAULT_GBPS=20\0SIMCUDA_HOST_CREATE_GBPS=3.2\0",
+        "costs": b"SIMCUDA_API_NS=500\0SIMCUDA_LAUNCH_NS=4000\0SIMCUDA_VMM_NS=20us\0"
+                 b"SIMCUDA_CALL_NS=cuMemCreate:15500,cuMemMap:3600,cuMemSetAccess:31us,cuMemUnmap:1ms\0",
+        "flags": b"SIMCUDA_JITTER=7\0SIMCUDA_JITTER_MAX_US=200\0SIMCUDA_HOST_NUMA_VMM=0\0"
+                 b"SIMCUDA_CONCURRENT_MANAGED=1\0SIMCUDA_DATA=0\0SIMCUDA_LOG=1\0"
+                 b"SIMCUDA_FAIL=cuMemCreate:3+\0",
+        "misspelt": b"PATH=/usr/bin\0SIMCUDA_DEVICE_MEMRY=1GiB\0",
+        "bad_value": b"SIMCUDA_GRANULARITY=5000\0",
+    },
     "replay_args": {
         "plain": b"job.spwt\0--budget\0" b"60%\0--steps\0" b"3\0--json\0out.json",
         "sizes": b"job.spwt\0--budget\0" b"1.5GiB\0--device-memory\0" b"80GiB\0--no-data",

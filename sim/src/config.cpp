@@ -61,6 +61,25 @@ std::optional<uint64_t> parse_ns(const std::string& text) {
 
 namespace {
 
+// A value as a refusal quotes it: control characters escaped, so that the
+// refusal stays one line (the fuzz target fuzz_sim_config found a newline
+// carried into it).
+std::string shown(const std::string& v) {
+  std::string out;
+  for (const char ch : v) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::optional<uint64_t> parse_uint(const std::string& text) {
   if (text.empty() || text[0] == '-') return std::nullopt;
   char* end = nullptr;
@@ -90,8 +109,8 @@ struct Reader {
   void fail(const char* name, const char* value, const char* accepted) {
     if (!ok) return;
     ok = false;
-    *error =
-        std::string("simcuda: ") + name + "='" + value + "' is not valid; accepted: " + accepted;
+    *error = std::string("simcuda: ") + name + "='" + shown(value) +
+             "' is not valid; accepted: " + accepted;
   }
   void size(const char* name, uint64_t* out, uint64_t min) {
     if (const char* v = get(name)) {
@@ -143,8 +162,8 @@ struct Reader {
       pos = comma == std::string::npos ? spec.size() + 1 : comma + 1;
       auto bad = [&](const char* why) {
         ok = false;
-        *error = std::string("simcuda: ") + name + "='" + spec + "': item '" + item + "' " + why +
-                 "; accepted: " + kCallNsForms;
+        *error = std::string("simcuda: ") + name + "='" + shown(spec) + "': item '" + shown(item) +
+                 "' " + why + "; accepted: " + kCallNsForms;
       };
       const size_t colon = item.find(':');
       if (colon == std::string::npos || colon == 0) return bad("has no name:ns");
@@ -224,7 +243,8 @@ std::optional<Config> load_config(std::string* error) {
     for (const char* k : kKnown) known = known || name == k;
     if (!known) {
       r.ok = false;
-      *error = "simcuda: unknown variable " + name + " (see docs/sim.md for the SIMCUDA_* list)";
+      *error =
+          "simcuda: unknown variable " + shown(name) + " (see docs/sim.md for the SIMCUDA_* list)";
     }
   }
   if (!r.ok) return std::nullopt;

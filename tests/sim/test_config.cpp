@@ -27,6 +27,21 @@ TEST(SimConfig, RefusesBadValueNamingTheVariable) {
   unsetenv("SIMCUDA_DEVICE_MEMORY");
 }
 
+// A value with control characters is quoted escaped: the refusal stays one
+// line (found by fuzz_sim_config: a newline carried into the message).
+TEST(SimConfig, ARefusalQuotesControlCharactersEscaped) {
+  setenv("SIMCUDA_FAULT_GBPS", "2\n;\x08", 1);
+  std::string err;
+  EXPECT_FALSE(sim::load_config(&err).has_value());
+  unsetenv("SIMCUDA_FAULT_GBPS");
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  EXPECT_NE(err.find("SIMCUDA_FAULT_GBPS='2\\x0a;\\x08' is not valid"), std::string::npos) << err;
+  setenv("SIMCUDA_CALL_NS", "cuMemMap:1\r", 1);
+  EXPECT_FALSE(sim::load_config(&err).has_value());
+  unsetenv("SIMCUDA_CALL_NS");
+  EXPECT_NE(err.find("item 'cuMemMap:1\\x0d'"), std::string::npos) << err;
+}
+
 TEST(SimConfig, RefusesUnknownVariable) {
   setenv("SIMCUDA_DEVICE_MEMROY", "1GiB", 1);
   std::string err;
