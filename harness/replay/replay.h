@@ -1,4 +1,4 @@
-// spillway-replay: replays a .spwt trace through the real libspillway.so on
+// spillway-replay: replays a .spwt record through the real libspillway.so on
 // the simulated GPU. See harness/README.md. Every time figure is simulated.
 #pragma once
 

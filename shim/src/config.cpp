@@ -120,7 +120,7 @@ std::string set_trace_file(const std::string& v, Config* c) {
 }
 
 std::string set_record_file(const std::string& v, Config* c) {
-  if (v.empty()) return "a file path (a .spwt trace, docs/record-format.md)";
+  if (v.empty()) return "a file path (a .spwt record, docs/record-format.md)";
   c->record_file = v;
   return {};
 }

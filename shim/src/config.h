@@ -38,7 +38,7 @@ struct Config {
   std::string log_file;     // empty: stderr
   std::string stats_file;   // SPILLWAY_STATS
   std::string trace_file;   // SPILLWAY_TRACE: Chrome trace JSON
-  std::string record_file;  // SPILLWAY_RECORD: a replayable .spwt trace
+  std::string record_file;  // SPILLWAY_RECORD: a replayable .spwt record
   bool stacks = false;      // SPILLWAY_STACKS=1: call sites of large allocations
   bool cupti = true;        // SPILLWAY_CUPTI=auto (true) | off
   std::string cupti_path;   // empty: libcupti.so.13 from the library path

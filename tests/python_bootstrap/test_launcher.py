@@ -156,7 +156,7 @@ BAD = [  # option, a bad value, what the message says is accepted
     ("--mode", "fast", "host, managed or off"),
     ("--mode", "", "host, managed or off"),
     ("--trace", "", "a file path (Chrome trace JSON)"),
-    ("--record", "", "a file path (a .spwt trace, docs/record-format.md)"),
+    ("--record", "", "a file path (a .spwt record, docs/record-format.md)"),
     ("--stats", "", "a file path"),
 ]
 
