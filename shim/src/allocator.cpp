@@ -385,13 +385,14 @@ bool Allocator::try_free(void* ptr, size_t size, CUstream stream) {
     free_evicted(b);
     return true;
   }
-  streams_->clear_marks(*b);
   if (b->unmapped && !backing_->remap(b)) {
     // Not cached: whoever took it next would use an address with nothing
-    // mapped.
-    if (backing_->release(b)) table_.recycle(b);
+    // mapped. Released as an evicted block is, once its queued uses are
+    // done: its address may be mapped again for another block.
+    free_evicted(b);
     return true;
   }
+  streams_->clear_marks(*b);
   // A block freed during its eviction copy keeps its device copy.
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;
