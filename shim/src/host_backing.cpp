@@ -325,12 +325,12 @@ class HostBacking final : public Backing {
     for (const auto& owned : p_.table.all()) {
       Block* b = owned.get();
       if (!b->large) continue;
-      if (b->unmapped)
-        ;  // nothing to unmap
-      else if (b->where == Block::Where::kHost || b->where == Block::Where::kArriving)
-        unmap_host(b);
-      else
-        CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
+      if (!b->unmapped) {
+        if (b->where == Block::Where::kHost || b->where == Block::Where::kArriving)
+          unmap_host(b);
+        else
+          CU_CALL(p_.d, cuMemUnmap, b->ptr, b->cap);
+      }
       if (b->dev) p_.dev.give(b->dev, b->cap);
       give_host(b);
     }
