@@ -106,6 +106,9 @@ void ScheduleChooser::on_step(uint64_t end) {
     l.key = carried;
     l.keyed = true;
   }
+  const uint64_t e = std::max(end, last_launch_);
+  dropped_.clear();
+  prev_len_ = recording_ ? drop_making_launches(since_start(e)) : since_start(e);
   prev_ = std::move(cur_);
   Uses().swap(cur_);
   have_prev_ = recording_;
@@ -114,8 +117,6 @@ void ScheduleChooser::on_step(uint64_t end) {
   offset_ = 0;
   recording_ = true;
   recorded_ = 0;
-  const uint64_t e = std::max(end, last_launch_);
-  prev_len_ = since_start(e);
   step_start_ = e;
   last_launch_ = e;
   by_launch_.assign(have_prev_ ? prev_len_ + 1 : 0, {});
@@ -123,6 +124,66 @@ void ScheduleChooser::on_step(uint64_t end) {
     for (const auto& entry : prev_)  // prev_ stays as it is until the next step
       for (uint32_t u : entry.second.uses)
         if (u < by_launch_.size()) by_launch_[u].push_back(&entry);
+}
+
+uint32_t ScheduleChooser::drop_making_launches(uint32_t n) {
+  // A launch that made a block still live at the step's end (its first use)
+  // and touched nothing else but blocks live from before the step, a weight
+  // at least, is taken as one-off: a first step filling the optimizer's
+  // state with zeros. The next step has the block from its start. Left in,
+  // its uses of the weights would align the next step's nth use of a weight
+  // with the wrong launch, and its blocks' allocations would be expected
+  // again. Work that repeats touches what the step makes: a gradient made in
+  // backward reads activations, a loss reads the output, and an input's copy
+  // touches no weight.
+  std::vector<uint8_t> making(n + 1, 0), other(n + 1, 0), weight(n + 1, 0);
+  for (const auto& [k, r] : cur_) {
+    if (!k.carried && r.free == StepModel::kLive) continue;  // also under its id
+    const bool makes = r.made && r.free == StepModel::kLive && !r.uses.empty();
+    for (size_t i = 0; i < r.uses.size(); ++i) {
+      const uint32_t u = r.uses[i];
+      if (u > n) continue;
+      if (makes && i == 0)
+        making[u] = 1;
+      else if (r.made)
+        other[u] = 1;
+      else
+        weight[u] = 1;
+    }
+  }
+  // shift[u]: launches dropped up to launch number u.
+  std::vector<uint32_t> shift(n + 1, 0);
+  for (uint32_t u = 1; u <= n; ++u) {
+    const bool drop = making[u] && weight[u] && !other[u];
+    shift[u] = shift[u - 1] + drop;
+    if (drop) dropped_.push_back(u - 1);
+  }
+  if (dropped_.empty()) return n;
+  auto dropped = [&](uint32_t u) { return u >= 1 && u <= n && shift[u] != shift[u - 1]; };
+  auto renumber = [&](uint32_t u) { return u == StepModel::kLive ? u : u - shift[std::min(u, n)]; };
+  Uses out;
+  for (auto& [k, r] : cur_) {
+    Key key = k;
+    if (!k.carried) {
+      const auto at = static_cast<uint32_t>(k.number >> 16);
+      if (dropped(at)) continue;  // its block was one of those made
+      key.number = (uint64_t{renumber(at)} << 16) | (k.number & 0xffff);
+    }
+    Record rec;
+    rec.bytes = r.bytes;
+    rec.made = r.made;
+    rec.alloc = renumber(r.alloc);
+    rec.free = renumber(r.free);
+    if (k.carried && r.made && !r.uses.empty() && dropped(r.uses.front())) {
+      rec.made = false;  // made by a launch that does not repeat: live from before
+      rec.alloc = 0;
+    }
+    for (uint32_t u : r.uses)
+      if (!dropped(u)) rec.uses.push_back(renumber(u));
+    out.emplace(key, std::move(rec));
+  }
+  cur_ = std::move(out);
+  return n - shift[n];
 }
 
 std::vector<uint64_t> ScheduleChooser::choose_beyond(std::vector<Candidate> c, size_t need,

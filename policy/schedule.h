@@ -68,6 +68,11 @@ class ScheduleChooser final : public VictimChooser {
   StepModel learned_step(uint64_t granule) const;
   // Its launch count (learned_step's launch_ns.size()), without building it.
   uint32_t learned_launches() const { return have_prev_ ? prev_len_ : 0; }
+  // The launches of the step just ended that learned_step leaves out, as
+  // indices from 0 in that step's own numbering, ascending: those that only
+  // made blocks that stay (the optimizer's state filled with zeros in the
+  // first step), which the next step will not repeat (drop_making_launches).
+  const std::vector<uint32_t>& dropped_launches() const { return dropped_; }
   // The name a live block's Move::block has in learned_step's model (its
   // predecessor's), or 0 if it has none yet (not used yet in this step).
   uint64_t model_id(uint64_t id) const;
@@ -144,6 +149,11 @@ class ScheduleChooser final : public VictimChooser {
                                        uint64_t beyond) const;
   void record(Tracked& l, uint32_t at);
   Record& record_of(Tracked& l);
+  // At a step's end, of `n` launches: drops from cur_ the launches that
+  // made a block still live and touched no block the step made and freed,
+  // and numbers the rest again; the blocks they made count as live from
+  // before the step. Returns the launches left.
+  uint32_t drop_making_launches(uint32_t n);
 
   std::unordered_map<uint64_t, Tracked> live_;  // by block id
   // upcoming(): the previous step's uses by launch number (from 1), the
@@ -158,7 +168,8 @@ class ScheduleChooser final : public VictimChooser {
   int64_t offset_ = 0;
   uint64_t cur_launch_ = 0;  // the launch of the latest access
   uint32_t pos_ = 0;         // ... and its place in that launch
-  uint32_t prev_len_ = 0;    // launches in the previous step
+  uint32_t prev_len_ = 0;    // launches in the previous step (dropped_ left out)
+  std::vector<uint32_t> dropped_;
   Uses cur_, prev_;
   bool have_prev_ = false;
   bool recording_ = true;

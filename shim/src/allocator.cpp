@@ -879,7 +879,12 @@ void Allocator::make_plan() {
   // The host's time to issue a launch (SIMCUDA_LAUNCH_NS's default; a few
   // microseconds on hardware).
   constexpr uint64_t kLaunchHostNs = 4'000;
-  m.launch_ns = times_.durations(n, kUntimedNs);
+  // Timed by the step's own numbering, the launches the model leaves out
+  // included.
+  const std::vector<uint32_t>& left_out = schedule_->dropped_launches();
+  m.launch_ns = times_.durations(n + static_cast<uint32_t>(left_out.size()), kUntimedNs);
+  for (auto i = left_out.rbegin(); i != left_out.rend(); ++i)
+    m.launch_ns.erase(m.launch_ns.begin() + *i);
   m.launch_host_ns = kLaunchHostNs;
   m.pinned_bytes = cache_.small_bytes();
   policy::PlanOptions po;

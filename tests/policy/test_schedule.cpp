@@ -280,7 +280,7 @@ TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
   f.launch({W});
   f.step();
   c.on_alloc(A);     // an activation, made before the step's first launch
-  f.launch({W, A});  // 0
+  f.launch({W});     // 0
   f.launch({});      // 1: no large block
   f.launch({A});     // 2
   c.on_alloc(T);     // a temporary, after launch 2
@@ -309,7 +309,7 @@ TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
   EXPECT_FALSE(a->carried);  // made in the step
   EXPECT_EQ(0u, a->alloc);
   EXPECT_EQ(StepModel::kLive, a->free);
-  EXPECT_EQ(std::vector<uint32_t>({0, 2, 4}), a->uses);
+  EXPECT_EQ(std::vector<uint32_t>({2, 4}), a->uses);
   const StepModel::Block* t = nullptr;  // made and freed in the step: by its first use
   for (const auto& b : m.blocks)
     if (b.id != W && b.id != A) t = &b;
@@ -364,6 +364,78 @@ TEST(ScheduleChooser, StepsOfDifferentLengthsAreAlignedByTheBlocksTheyShare) {
   // Only a block used further ahead than the one a prefetch is for may go.
   EXPECT_EQ(std::vector<uint64_t>({x}), c.choose_beyond(candidates({x, y}), kMiB, 4));
   EXPECT_TRUE(c.choose_beyond(candidates({x, y}), kMiB, 6).empty());
+}
+
+// The optimizer's first step fills its state with zeros: launches that make
+// a block which stays, touching only a weight besides. The next step has no
+// such launch, so the learned step leaves them out and takes the state as
+// live from the step's start (left in, the weights' uses there would line
+// up the next step's updates with the fills). Launches that also touch what
+// the step made are kept: an input's copy (no weight), a layer reading the
+// input, a loss that reads the output (both live at the step's end too).
+// Step 0 (after the weights' own step): input X, forward W1 and W2 (output
+// O), loss L, backward gradient G (made, freed), zero fills S1 from W1 and
+// S2 from W2, updates W1+G+S1 and W2+G+S2.
+TEST(ScheduleChooser, AFirstStepsLaunchesThatOnlyMadeLastingStateAreLeftOut) {
+  using spillway::policy::StepModel;
+  constexpr uint64_t W1 = 0x10000, W2 = 0x20000, X = 0x30000, O = 0x40000, L = 0x50000, G = 0x60000,
+                     S1 = 0x70000, S2 = 0x80000;
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(W1);
+  c.on_alloc(W2);
+  f.launch({W1, W2});
+  f.step();
+  EXPECT_TRUE(c.dropped_launches().empty());  // W1 and W2: no weight besides
+  c.on_alloc(X);
+  f.launch({X});  // 1: the input's copy
+  c.on_alloc(O);
+  f.launch({W1, X, O});  // 2
+  f.launch({W2, O});     // 3
+  c.on_alloc(L);
+  f.launch({O, L});  // 4: the loss, live at the end too, but it reads O
+  c.on_alloc(G);
+  f.launch({G, W1});  // 5
+  c.on_alloc(S1);
+  f.launch({S1, W1});  // 6: left out
+  c.on_alloc(S2);
+  f.launch({S2, W2});     // 7: left out
+  f.launch({W1, G, S1});  // 8
+  f.launch({W2, G, S2});  // 9
+  c.on_free(G);
+  f.step();
+  EXPECT_EQ(std::vector<uint32_t>({5, 6}), c.dropped_launches());  // from 0
+  ASSERT_EQ(7u, c.learned_launches());
+  const StepModel m = c.learned_step(0);
+  ASSERT_EQ(7u, m.launch_ns.size());
+  auto find = [&](uint64_t id) -> const StepModel::Block* {
+    for (const auto& b : m.blocks)
+      if (b.id == id) return &b;
+    return nullptr;
+  };
+  for (uint64_t s : {S1, S2}) {
+    const StepModel::Block* b = find(s);
+    ASSERT_NE(nullptr, b);
+    EXPECT_TRUE(b->carried);
+    EXPECT_EQ(0u, b->alloc);
+  }
+  EXPECT_EQ(std::vector<uint32_t>({5}), find(S1)->uses);  // the update, renumbered
+  EXPECT_EQ(std::vector<uint32_t>({6}), find(S2)->uses);
+  EXPECT_EQ(std::vector<uint32_t>({1, 4, 5}), find(W1)->uses);
+  EXPECT_EQ(std::vector<uint32_t>({2, 6}), find(W2)->uses);
+  for (uint64_t made : {X, O, L}) {
+    const StepModel::Block* b = find(made);
+    ASSERT_NE(nullptr, b);
+    EXPECT_FALSE(b->carried) << "made each step";
+  }
+  EXPECT_EQ(3u, find(L)->alloc);
+  EXPECT_EQ(std::vector<uint32_t>({3}), find(L)->uses);
+
+  // The next step has no fill: nothing is left out of it.
+  f.launch({W1});
+  f.step();
+  EXPECT_TRUE(c.dropped_launches().empty());
+  EXPECT_EQ(1u, c.learned_launches());
 }
 
 // Near a step's end the window reaches the next step: a block live across
