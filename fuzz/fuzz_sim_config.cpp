@@ -6,7 +6,8 @@
 // keeps every value it was given) and the process's own comes back after.
 // Besides crashes, leaks and undefined behaviour it checks that a refusal is
 // one line naming a SIMCUDA_ variable, and that what is accepted is in the
-// ranges docs/sim.md gives.
+// ranges docs/sim.md gives; then SIMCUDA_FAIL's items are parsed as cuInit
+// parses them, and a refusal of them must be one line too.
 #include <unistd.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "config.h"
+#include "faults.h"
 #include "environ_image.h"
 #include "fuzz_check.h"
 
@@ -59,5 +61,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(c->jitter_max_us >= 1 && c->jitter_max_us <= 1000000, "jitter max %llu",
              static_cast<unsigned long long>(c->jitter_max_us));
+  // SIMCUDA_FAIL's items, as cuInit reads them after the rest.
+  if (!sim::faults::configure(c->fail_spec, &error)) {
+    FUZZ_CHECK(error.rfind("simcuda: SIMCUDA_FAIL=", 0) == 0, "refusal '%s'", error.c_str());
+    FUZZ_CHECK(error.find('\n') == std::string::npos, "refusal of several lines: '%s'",
+               error.c_str());
+  }
+  sim::faults::clear();
   return 0;
 }

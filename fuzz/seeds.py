@@ -119,6 +119,8 @@ SEEDS = {
                  b"SIMCUDA_FAIL=cuMemCreate:3+\0",
         "misspelt": b"PATH=/usr/bin\0SIMCUDA_DEVICE_MEMRY=1GiB\0",
         "bad_value": b"SIMCUDA_GRANULARITY=5000\0",
+        "fail_items": b"SIMCUDA_FAIL=cuMemCreate:3,cuMemMap:1+:CUDA_ERROR_OUT_OF_MEMORY,"
+                      b"cuMemcpyDtoHAsync_v2:18446744073709551615,cuEventRecord:2:CUDA_ERROR_UNKNOWN\0",
     },
     "replay_args": {
         "plain": b"job.spwt\0--budget\0" b"60%\0--steps\0" b"3\0--json\0out.json",

@@ -59,11 +59,6 @@ std::optional<uint64_t> parse_ns(const std::string& text) {
   return v * mult;
 }
 
-namespace {
-
-// A value as a refusal quotes it: control characters escaped, so that the
-// refusal stays one line (the fuzz target fuzz_sim_config found a newline
-// carried into it).
 std::string shown(const std::string& v) {
   std::string out;
   for (const char ch : v) {
@@ -81,13 +76,18 @@ std::string shown(const std::string& v) {
 }
 
 std::optional<uint64_t> parse_uint(const std::string& text) {
-  if (text.empty() || text[0] == '-') return std::nullopt;
+  // Digits only: strtoull alone would take leading blanks, a sign (and wrap
+  // a negative number around).
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
   char* end = nullptr;
   errno = 0;
   unsigned long long v = std::strtoull(text.c_str(), &end, 10);
   if (errno != 0 || *end != '\0') return std::nullopt;
   return v;
 }
+
+namespace {
 
 std::optional<double> parse_positive(const std::string& text) {
   char* end = nullptr;

@@ -62,4 +62,11 @@ std::optional<uint64_t> parse_ns(const std::string& text);
 // The accepted forms of a SIMCUDA_CALL_NS value, for error messages.
 extern const char* const kCallNsForms;
 
+// A decimal integer of digits only (no sign, no blank), at most 2^64 - 1.
+std::optional<uint64_t> parse_uint(const std::string& text);
+
+// A value as a refusal quotes it: control characters escaped as \xNN, so
+// that the refusal stays one line.
+std::string shown(const std::string& v);
+
 }  // namespace sim

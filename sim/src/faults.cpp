@@ -1,7 +1,9 @@
 #include "faults.h"
 
-#include <cstdlib>
+#include "config.h"
+
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -79,7 +81,7 @@ bool configure(const std::string& spec, std::string* error) {
     pos = comma == std::string::npos ? spec.size() : comma + 1;
     auto bad = [&](const char* why) {
       *error =
-          "simcuda: SIMCUDA_FAIL='" + spec + "': item '" + item + "' " + why +
+          "simcuda: SIMCUDA_FAIL='" + shown(spec) + "': item '" + shown(item) + "' " + why +
           "; accepted: name:n[+][:CUDA_ERROR_X],... e.g. cuMemCreate:3,cuMemcpyDtoHAsync_v2:10+";
       return false;
     };
@@ -91,13 +93,12 @@ bool configure(const std::string& spec, std::string* error) {
         item.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1);
     bool and_after = !count.empty() && count.back() == '+';
     if (and_after) count.pop_back();
-    char* end = nullptr;
-    unsigned long long n = std::strtoull(count.c_str(), &end, 10);
-    if (count.empty() || *end != '\0' || n == 0) return bad("has no call number >= 1");
+    const std::optional<uint64_t> n = parse_uint(count);
+    if (!n || *n == 0) return bad("has no call number from 1 to 2^64-1");
     CUresult err = allocates(base_name(name)) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
     if (c2 != std::string::npos && !errors::from_name(item.substr(c2 + 1), &err))
       return bad("names an unknown CUresult");
-    add(name, n, and_after, err);
+    add(name, *n, and_after, err);
   }
   return true;
 }

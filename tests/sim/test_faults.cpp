@@ -201,6 +201,46 @@ TEST(SimFaultsOwnProcess, MalformedSpecWithUnknownErrorFailsInit) {
   expect_malformed("x:1:CUDA_ERROR_BOGUS");
 }
 
+// A call number is digits only: strtoull alone would wrap -1 around to the
+// last call, take a blank or a sign, and clamp 2^64 to 2^64-1.
+TEST(SimFaultsOwnProcess, MalformedSpecWithNegativeCountFailsInit) {
+  REQUIRE_OWN_PROCESS();
+  expect_malformed("cuMemCreate:-1");
+}
+
+TEST(SimFaultsOwnProcess, MalformedSpecWithBlankBeforeCountFailsInit) {
+  REQUIRE_OWN_PROCESS();
+  expect_malformed("cuMemCreate: 3+");
+}
+
+TEST(SimFaultsOwnProcess, MalformedSpecWithCountPast64BitsFailsInit) {
+  REQUIRE_OWN_PROCESS();
+  expect_malformed("cuMemCreate:18446744073709551616");
+}
+
+// The largest call number is taken (a rule that never fires in practice).
+TEST(SimFaultsOwnProcess, ACountOf64BitsIsAccepted) {
+  REQUIRE_OWN_PROCESS();
+  init_with_faults("cuMemCreate:18446744073709551615");
+  CUmemAllocationProp prop = device_prop();
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_CU(cuMemCreate(&h, granularity(), &prop, 0));
+  EXPECT_CU(cuMemRelease(h));
+}
+
+// A refusal stays one line: a newline in the value is shown escaped.
+TEST(SimFaultsOwnProcess, ARefusalShowsAControlCharacterEscaped) {
+  REQUIRE_OWN_PROCESS();
+  setenv("SIMCUDA_FAIL", "cuMemCreate:1\nx", 1);
+  testing::internal::CaptureStderr();
+  CUresult r = cuInit(0);
+  std::string err = testing::internal::GetCapturedStderr();
+  unsetenv("SIMCUDA_FAIL");
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, r);
+  EXPECT_NE(std::string::npos, err.find("'cuMemCreate:1\\x0ax'")) << err;
+  EXPECT_EQ(err.size() - 1, err.find('\n')) << "one line: " << err;
+}
+
 // simcuda_fail_call: the nth call from now on; simcuda_clear_faults removes
 // every rule.
 TEST(SimFaults, RuntimeFailCallAndClear) {
