@@ -150,9 +150,10 @@ class ScheduleChooser final : public VictimChooser {
   void record(Tracked& l, uint32_t at);
   Record& record_of(Tracked& l);
   // At a step's end, of `n` launches: drops from cur_ the launches that
-  // made a block still live and touched no block the step made and freed,
-  // and numbers the rest again; the blocks they made count as live from
-  // before the step. Returns the launches left.
+  // made a block still live and touched, besides, only blocks live from
+  // before the step (a weight at least), and numbers the rest again; the
+  // blocks they made count as live from before the step. Returns the
+  // launches left.
   uint32_t drop_making_launches(uint32_t n);
 
   std::unordered_map<uint64_t, Tracked> live_;  // by block id
