@@ -15,6 +15,14 @@ namespace {
 
 constexpr size_t kMiB = 1 << 20;
 
+// The block a learned step's model names `id`, or null.
+const spillway::policy::StepModel::Block* block_named(const spillway::policy::StepModel& m,
+                                                      uint64_t id) {
+  for (const auto& b : m.blocks)
+    if (b.id == id) return &b;
+  return nullptr;
+}
+
 // Feeds launches in order: each touches the listed blocks.
 class Feeder {
  public:
@@ -292,19 +300,14 @@ TEST(ScheduleChooser, TheLearnedStepIsThePlannersModel) {
   ASSERT_EQ(5u, m.launch_ns.size());
   EXPECT_EQ(5u, c.learned_launches());
   ASSERT_EQ(3u, m.blocks.size());
-  auto find = [&](uint64_t id) -> const StepModel::Block* {
-    for (const auto& b : m.blocks)
-      if (b.id == id) return &b;
-    return nullptr;
-  };
-  const StepModel::Block* w = find(W);
+  const StepModel::Block* w = block_named(m, W);
   ASSERT_NE(nullptr, w);
   EXPECT_TRUE(w->carried);
   EXPECT_EQ(0u, w->alloc);
   EXPECT_EQ(StepModel::kLive, w->free);
   EXPECT_EQ(std::vector<uint32_t>({0, 4}), w->uses);
-  EXPECT_EQ(2 * kMiB, w->bytes);        // 1 MiB used, a 2 MiB granule
-  const StepModel::Block* a = find(A);  // live at the step's end: by its id
+  EXPECT_EQ(2 * kMiB, w->bytes);                  // 1 MiB used, a 2 MiB granule
+  const StepModel::Block* a = block_named(m, A);  // live at the step's end: by its id
   ASSERT_NE(nullptr, a);
   EXPECT_FALSE(a->carried);  // made in the step
   EXPECT_EQ(0u, a->alloc);
@@ -408,28 +411,23 @@ TEST(ScheduleChooser, AFirstStepsLaunchesThatOnlyMadeLastingStateAreLeftOut) {
   ASSERT_EQ(7u, c.learned_launches());
   const StepModel m = c.learned_step(0);
   ASSERT_EQ(7u, m.launch_ns.size());
-  auto find = [&](uint64_t id) -> const StepModel::Block* {
-    for (const auto& b : m.blocks)
-      if (b.id == id) return &b;
-    return nullptr;
-  };
   for (uint64_t s : {S1, S2}) {
-    const StepModel::Block* b = find(s);
+    const StepModel::Block* b = block_named(m, s);
     ASSERT_NE(nullptr, b);
     EXPECT_TRUE(b->carried);
     EXPECT_EQ(0u, b->alloc);
   }
-  EXPECT_EQ(std::vector<uint32_t>({5}), find(S1)->uses);  // the update, renumbered
-  EXPECT_EQ(std::vector<uint32_t>({6}), find(S2)->uses);
-  EXPECT_EQ(std::vector<uint32_t>({1, 4, 5}), find(W1)->uses);
-  EXPECT_EQ(std::vector<uint32_t>({2, 6}), find(W2)->uses);
+  EXPECT_EQ(std::vector<uint32_t>({5}), block_named(m, S1)->uses);  // the update, renumbered
+  EXPECT_EQ(std::vector<uint32_t>({6}), block_named(m, S2)->uses);
+  EXPECT_EQ(std::vector<uint32_t>({1, 4, 5}), block_named(m, W1)->uses);
+  EXPECT_EQ(std::vector<uint32_t>({2, 6}), block_named(m, W2)->uses);
   for (uint64_t made : {X, O, L}) {
-    const StepModel::Block* b = find(made);
+    const StepModel::Block* b = block_named(m, made);
     ASSERT_NE(nullptr, b);
     EXPECT_FALSE(b->carried) << "made each step";
   }
-  EXPECT_EQ(3u, find(L)->alloc);
-  EXPECT_EQ(std::vector<uint32_t>({3}), find(L)->uses);
+  EXPECT_EQ(3u, block_named(m, L)->alloc);
+  EXPECT_EQ(std::vector<uint32_t>({3}), block_named(m, L)->uses);
 
   // The next step has no fill: nothing is left out of it.
   f.launch({W1});
