@@ -46,7 +46,7 @@ def load(pre, step):
             moves[int(f[2])].append(dict(bytes=int(f[3]), evict_after=int(f[7]), prefetch_at=int(f[8]), next_use=int(f[9])))
         elif f[0] == "B":
             blocks[int(f[2])] = dict(bytes=int(f[3]), carried=int(f[4]), alloc=int(f[5]), free=int(f[6]), uses=int(f[7]), first=int(f[8]))
-    return ev, spans[f"step {step}"], who, moves, blocks, launches
+    return spans[f"step {step}"], who, moves, blocks, launches
 
 
 def spillway_moves(pre, span, who):
@@ -57,7 +57,7 @@ def spillway_moves(pre, span, who):
 
 
 def compare(pre, step):
-    _, span, who, ideal, blocks, launches = load(pre, step)
+    span, who, ideal, blocks, launches = load(pre, step)
     out, back = collections.Counter(), collections.Counter()
     for e, i in spillway_moves(pre, span, who):
         (out if e["name"].startswith("evict") else back)[i] += e["args"]["bytes"]
@@ -76,7 +76,7 @@ def compare(pre, step):
 
 
 def timeline(pre, step):
-    ev, (t0, t1), who, ideal, _, _ = load(pre, step)
+    (t0, t1), who, ideal, _, _ = load(pre, step)
     ks = sorted((e for e in events(pre + ".shim.json") if e.get("cat") == "kernel" and t0 <= e["ts"] < t1), key=lambda e: e["ts"])
     gaps = [(b["ts"] - a["ts"] - a["dur"], a["ts"] - t0) for a, b in zip(ks, ks[1:]) if b["ts"] - a["ts"] - a["dur"] > 20]
     print(f"step {step}: {(t1 - t0) / 1e3:.2f} ms, {len(ks)} kernels busy {sum(e['dur'] for e in ks) / 1e3:.2f} ms, "
