@@ -107,6 +107,11 @@ def test_report_table_and_plots(tiny, tmp_path, capsys):
     last, ideal = report.last_step_ns(tight), tight["ideal_step_time_ns"]
     assert want.startswith(f"{last / ideal:.2f}x, ")
     assert f"| {report.fmt_ms(ideal)} | {want} |" in md
+    # Each step's bound, and the ideal's last step over the last one.
+    bounds = tight["sim_lower_bound_step_times_ns"]
+    assert len(bounds) == tight["steps_in_record"]
+    assert sorted(bounds)[len(bounds) // 2] == tight["sim_lower_bound_step_time_ns"]
+    assert f"| {want} | {ideal / bounds[-1]:.2f}x |" in md
     for png in ("memory_tiny_60.png", "overhead_tiny.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

@@ -37,6 +37,26 @@ struct Result {
     return json.substr(p + k.size(), e - p - k.size());
   }
   bool flag(const std::string& key) const { return raw(key) == "true"; }
+  // A JSON array of numbers (empty when the key is missing or not one).
+  std::vector<double> nums(const std::string& key) const {
+    std::vector<double> v;
+    const std::string k = "\"" + key + "\": [";
+    size_t p = json.find(k);
+    if (p == std::string::npos) return v;
+    const size_t end = json.find(']', p);
+    const char* c = json.c_str() + p + k.size();
+    while (c < json.c_str() + end) {
+      char* next = nullptr;
+      const double x = std::strtod(c, &next);
+      if (next == c) {
+        ++c;
+        continue;
+      }
+      v.push_back(x);
+      c = next;
+    }
+    return v;
+  }
 };
 
 inline std::string slurp(const std::filesystem::path& p) {

@@ -51,6 +51,9 @@ TEST_P(CommittedTrace, CompletesWithinTheBudgetAndKeepsEveryByte) {
   // a step faster), and the ideal (the planner given the exact future) fits
   // the budget, costs nothing at 100% and something below it.
   EXPECT_GE(r.num("sim_lower_bound_step_time_ns"), r.num("sim_baseline_step_time_ns")) << r.json;
+  EXPECT_EQ(r.nums("sim_lower_bound_step_times_ns").size(),
+            static_cast<size_t>(r.num("steps_in_record")))
+      << r.json;
   EXPECT_TRUE(r.flag("ideal_fits")) << r.json;
   EXPECT_NE(r.raw("ideal_step_times_ns").find('['), std::string::npos) << r.json;
   // With memory in handles of exact sizes the same plan costs its VMM calls

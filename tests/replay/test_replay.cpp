@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -180,6 +182,47 @@ TEST_F(ReplayTest, FullBudgetCompletesWithoutEvictionsAndReportsSimulatedTimes) 
   EXPECT_NE(chrome.find("\n,{\"name\":\"process_name\""), std::string::npos);
   EXPECT_NE(chrome.find("\"name\":\"step 2\""), std::string::npos);
   EXPECT_NE(chrome.find("device_bytes"), std::string::npos);
+}
+
+// Each step's lower bound is reported beside their median, and it can only
+// rise as the budget falls: the same step with more bytes forced off the GPU
+// (each is at least the baseline's same step, which both runs share). A slow
+// link (2 GB/s each way, in the runs and in the bound's formula) makes the
+// forced bytes cost more than this small trace's compute.
+TEST_F(ReplayTest, EachStepHasItsLowerBoundAndItRisesAsTheBudgetFalls) {
+  struct SlowLink {
+    SlowLink() {
+      setenv("SIMCUDA_D2H_GBPS", "2", 1);
+      setenv("SIMCUDA_H2D_GBPS", "2", 1);
+    }
+    ~SlowLink() {
+      unsetenv("SIMCUDA_D2H_GBPS");
+      unsetenv("SIMCUDA_H2D_GBPS");
+    }
+  } slow;
+  Result full = replay({"--budget", "100%", "--no-data"});
+  Result tight = replay({"--budget", "40%", "--no-data"});
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  ASSERT_EQ(tight.exit_code, 0) << tight.err;
+  const std::vector<double> f = full.nums("sim_lower_bound_step_times_ns");
+  const std::vector<double> t = tight.nums("sim_lower_bound_step_times_ns");
+  ASSERT_EQ(f.size(), 3u) << full.json;
+  ASSERT_EQ(t.size(), 3u) << tight.json;
+  for (const Result* r : {&full, &tight}) {
+    std::vector<double> v = r->nums("sim_lower_bound_step_times_ns");
+    std::sort(v.begin(), v.end());
+    EXPECT_EQ(v[1], r->num("sim_lower_bound_step_time_ns")) << r->json;
+  }
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_GT(f[s], 0) << s;
+    EXPECT_GE(t[s], f[s]) << s;
+  }
+  // 40% forces bytes off in every step of this trace: the last step's bound
+  // is above the one with nothing forced, and stdout names it.
+  EXPECT_GT(t[2], f[2]);
+  char last[64];
+  std::snprintf(last, sizeof last, "the last step's lower bound %.3f ms", t[2] / 1e6);
+  EXPECT_NE(tight.out.find(last), std::string::npos) << tight.out;
 }
 
 // At a budget equal to the unconstrained peak nothing needs to move: the
