@@ -4,6 +4,7 @@
     /usr/bin/python3 harness/report.py [--records gpt_varlen,resnet50,vit_b16]
         [--budgets 100,60,40] [--strategies spillway,none,save_on_cpu,torchtune,layerwise]
         [--out DIR] [--quick] [--no-data-records llama7b] [--replay PATH] [--jobs N]
+        [--equal-peak]
 
 Every run is `build/bin/spillway-replay RECORD --strategy S --device-memory B
 [--budget B] --json ... --trace-out ...` (harness/README.md). A budget is a
@@ -425,7 +426,97 @@ def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategie
     return rows
 
 
-def write_report(rows: list[dict], out: Path, command: str, plot_budgets: list[float]) -> Path:
+ANCHORS = ["save_on_cpu", "torchtune", "layerwise"]
+
+
+def run_equal_peak(binary: Path, rows: list[dict], out: Path, no_data_traces: set[str],
+                   steps: int | None = None, jobs: int = 1) -> list[dict]:
+    """Issue 12's target at equal peak memory: for each anchor's run at 100%
+    (the device holds the whole trace; the anchor offloads what its tool
+    offloads), spillway replays the same trace with its budget set to that
+    run's `peak_device_bytes` (the device itself unlimited). One pair per
+    anchor row: {"anchor": row, "spillway": report}."""
+    runs_dir = out / "runs"
+    anchors = [r for r in rows if r["strategy"] in ANCHORS and r["budget_pct"] == 100
+               and not r["oom"]]
+
+    def one(a):
+        budget = a["peak_device_bytes"]
+        args = ["--strategy", "spillway", "--budget", str(budget)]
+        if a["trace_name"] in no_data_traces:
+            args.append("--no-data")
+        if steps is not None:
+            args += ["--steps", str(steps)]
+        rep = replay(binary, trace_path_of(a), args,
+                     runs_dir / f"{a['trace_name']}_peak_of_{a['strategy']}_spillway.json")
+        rep.pop("stdout", None)
+        log(f"equal peak: {a['trace_name']} at {a['strategy']}'s peak "
+            f"({budget / MIB:.0f} MiB): spillway steps {rep['steps_completed']}/"
+            f"{rep['steps_in_record']}, integrity {integrity(rep)} ({rep['wall_s']} s wall)")
+        return {"anchor": a, "spillway": rep}
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        return list(ex.map(one, anchors))
+
+
+def trace_path_of(row: dict) -> Path:
+    """The record a row replayed (its command's first argument)."""
+    return Path(shlex.split(row["command"])[1])
+
+
+def slowest_step(row: dict) -> tuple[int, int] | None:
+    """(index, simulated ns) of a complete run's slowest step."""
+    steps = row.get("step_times_ns") or []
+    if row.get("oom") or not steps or len(steps) != row.get("steps_in_record"):
+        return None
+    i = max(range(len(steps)), key=steps.__getitem__)
+    return i, steps[i]
+
+
+EQUAL_PEAK_HEAD = (
+    "| trace | anchor | anchor's peak MiB | spillway's peak MiB | integrity "
+    "| anchor's last step ms | spillway's last step ms "
+    "| anchor's slowest step ms | spillway's same step ms | all steps: anchor / spillway ms "
+    "| spillway faster in every step |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+
+
+def equal_peak_table(pairs: list[dict]) -> str:
+    """Each anchor against spillway at the anchor's peak, step by step
+    (simulated ms): the last step, the anchor's slowest (gpt_varlen's long
+    batch), the sum over steps, and whether spillway is faster in each."""
+    out = [EQUAL_PEAK_HEAD]
+    for p in pairs:
+        a, s = p["anchor"], p["spillway"]
+        a_steps, s_steps = a.get("step_times_ns") or [], s.get("step_times_ns") or []
+        complete = (not s.get("oom") and len(s_steps) == s.get("steps_in_record")
+                    and len(a_steps) == len(s_steps))
+        slow = slowest_step(a)
+        same = fmt_ms(s_steps[slow[0]]) if complete and slow else "-"
+        faster = ("yes" if all(x < y for x, y in zip(s_steps, a_steps)) else "no") \
+            if complete else "no (did not complete)"
+        out.append(
+            f"| {a['trace_name']} | {a['strategy']} | {fmt_mib(a['peak_device_bytes'])} "
+            f"| {fmt_mib(s['peak_device_bytes'])} | {integrity(s)} "
+            f"| {fmt_ms(last_step_ns(a))} | {fmt_ms(last_step_ns(s))} "
+            f"| {fmt_ms(slow[1]) if slow else '-'} (step {slow[0] if slow else '-'}) | {same} "
+            f"| {fmt_ms(sum(a_steps))} / {fmt_ms(sum(s_steps)) if complete else '-'} "
+            f"| {faster} |\n")
+    return "".join(out)
+
+
+EQUAL_PEAK_NOTES = """\
+Issue 12's target at equal peak memory (SIMULATED time): each anchor ran at
+100% (the device holds the whole trace; it offloads what its tool offloads),
+and spillway replays the same record with its budget set to that run's
+device peak (`--budget` in bytes, the device unlimited). *spillway faster
+in every step*: each of spillway's steps is shorter than the anchor's same
+step.
+"""
+
+
+def write_report(rows: list[dict], out: Path, command: str, plot_budgets: list[float],
+                 equal_peak: list[dict] | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     pngs = []
@@ -449,6 +540,10 @@ def write_report(rows: list[dict], out: Path, command: str, plot_budgets: list[f
                                       out / f"overhead_{name}.png"))
     md = ["# spillway-replay matrix (SIMULATED time)\n\n",
           f"Command: `{command}`\n\n", TABLE_NOTES, "\n", table(rows), "\n"]
+    if equal_peak:
+        (out / "equal_peak.json").write_text(json.dumps(equal_peak, indent=1))
+        md += ["## At equal peak memory\n\n", EQUAL_PEAK_NOTES, "\n",
+               equal_peak_table(equal_peak), "\n"]
     md += [f"![{p.stem}]({p.name})\n\n" for p in pngs]
     path = out / "report.md"
     path.write_text("".join(md))
@@ -479,6 +574,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="replay only the first N steps")
     ap.add_argument("--replay", default=str(REPO / "build" / "bin" / "spillway-replay"))
     ap.add_argument("--jobs", type=int, default=1, help="replays run at once (each is one core)")
+    ap.add_argument("--equal-peak", action="store_true",
+                    help="then replay spillway with its budget at each anchor's peak at 100%% "
+                         "(needs budget 100 and the anchors among the strategies)")
     raw = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(raw)
     given = {x.split("=")[0] for x in raw}
@@ -505,20 +603,27 @@ def main(argv=None) -> int:
             ap.error(f"trace {t} not found")
     plot_budgets = ([float(b.rstrip("%")) for b in parse_list(a.plot_budgets)]
                     if a.plot_budgets else [b for b in budgets if b < 100] or budgets[:1])
+    if a.equal_peak and (100 not in budgets or not set(ANCHORS) & set(strategies)):
+        ap.error("--equal-peak needs budget 100 and at least one of " + ", ".join(ANCHORS))
     out = Path(a.out)
     t0 = time.monotonic()
     try:
         rows = run_matrix(binary, traces, budgets, strategies, out,
                           set(parse_list(a.no_data_traces)), a.steps, a.jobs)
+        pairs = (run_equal_peak(binary, rows, out, set(parse_list(a.no_data_traces)), a.steps,
+                                a.jobs) if a.equal_peak else None)
     except ReplayError as e:
         log(str(e))
         return 1
     command = "/usr/bin/python3 harness/report.py " + shlex.join(raw)
-    path = write_report(rows, out, command.strip(), plot_budgets)
+    path = write_report(rows, out, command.strip(), plot_budgets, pairs)
     print(table(rows), end="")
+    if pairs:
+        print("\n" + equal_peak_table(pairs), end="")
     log(f"wrote {path} and its plots in {out} ({time.monotonic() - t0:.0f} s wall clock; "
         "every figure in them is simulated time)")
-    return 0 if all(r["exit"] == 0 for r in rows) else 1
+    runs = rows + [p["spillway"] for p in pairs or []]
+    return 0 if all(r["exit"] == 0 for r in runs) else 1
 
 
 if __name__ == "__main__":

@@ -154,3 +154,39 @@ def test_demo_fails_when_the_baseline_fits(tiny, tmp_path):
     rc = demo.main(["--build", str(build), "--out", str(tmp_path / "d"), "--trace", str(small),
                     "--anchors", "", "--fraction", "1.0"])
     assert rc != 0
+
+
+def test_equal_peak_runs_spillway_at_each_anchors_peak(tiny, tmp_path, capsys):
+    """--equal-peak: spillway's budget is each anchor's device peak at 100%,
+    and the table compares them step by step (the numbers are the runs')."""
+    out = tmp_path / "report"
+    rc = report.main(["--traces", str(tiny), "--budgets", "100", "--strategies",
+                      "spillway,torchtune,layerwise", "--out", str(out), "--replay", str(REPLAY),
+                      "--equal-peak"])
+    assert rc == 0
+    pairs = json.loads((out / "equal_peak.json").read_text())
+    assert sorted(p["anchor"]["strategy"] for p in pairs) == ["layerwise", "torchtune"]
+    md = (out / "report.md").read_text()
+    assert "## At equal peak memory" in md and report.EQUAL_PEAK_HEAD.splitlines()[0] in md
+    for p in pairs:
+        a, s = p["anchor"], p["spillway"]
+        assert a["budget_pct"] == 100
+        assert f"--budget {a['peak_device_bytes']}" in s["command"]
+        assert s["budget_bytes"] == a["peak_device_bytes"]
+        assert s["peak_device_bytes"] <= s["budget_bytes"]
+        assert s["integrity_ok"] is True and s["steps_completed"] == 3
+        faster = all(x < y for x, y in zip(s["step_times_ns"], a["step_times_ns"]))
+        row = (f"| tiny | {a['strategy']} | {report.fmt_mib(a['peak_device_bytes'])} "
+               f"| {report.fmt_mib(s['peak_device_bytes'])} | ok "
+               f"| {report.fmt_ms(a['step_times_ns'][-1])} | {report.fmt_ms(s['step_times_ns'][-1])} ")
+        assert row in md, md
+        assert md.split(row)[1].split("\n")[0].endswith(f"| {'yes' if faster else 'no'} |")
+    assert report.equal_peak_table(pairs) in capsys.readouterr().out
+
+
+def test_equal_peak_needs_the_anchors_at_full_budget(tiny, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        report.main(["--traces", str(tiny), "--budgets", "60", "--strategies",
+                     "spillway,torchtune", "--out", str(tmp_path / "r"), "--replay", str(REPLAY),
+                     "--equal-peak"])
+    assert e.value.code == 2
