@@ -10,7 +10,9 @@ Each job is one replay, every byte checked, with its own draw (seeded by
 --jobs 1): a committed trace, its sizes scaled by 1, 2 or 3 (allocations,
 touches and copies alike, so every access stays inside its allocation), a
 budget of 20-100% of its peak, its work on one stream or spread over two or
-three (some frees on another stream than the allocation's), the
+three (some frees on another stream than the allocation's), on one device
+or on two or three at once (the replayer's --devices: one thread each, the
+budget each device's, every device's bytes checked), the
 simulator's jitter on or off
 (SIMCUDA_JITTER, a seed), and in about a third of the jobs one injected
 driver failure (SIMCUDA_FAIL, an entry point spillway calls at a call
@@ -116,6 +118,8 @@ def draw(seed, job, traces):
         "steps": steps,
         # Drawn last, so that adding it left the earlier draws of each job as they were.
         "streams": rng.choice([1, 1, 2, 3]),
+        # Drawn after the streams, for the same reason (session 22).
+        "devices": rng.choice([1, 1, 2, 3]),
     }
 
 
@@ -142,6 +146,8 @@ def main():
         scaled_path = path
         path = restreamed(path, d["streams"], args.seed * 1_000_003 + job, cache)
         extra = ["--steps", str(d["steps"])] if d["steps"] else []
+        if d["devices"] > 1:
+            extra += ["--devices", str(d["devices"])]
         env = {"SIMCUDA_JITTER": str(d["jitter"])} if d["jitter"] else {}
         p, res, why = fault_matrix.run(args.replay, args.shim, path, d["budget"], args.timeout,
                                        d["fault"], os.path.join(cache, "run.json"), extra, env)
@@ -155,6 +161,7 @@ def main():
         outcomes[key] = outcomes.get(key, 0) + 1
         line = f"job {job}: {d['trace']} x{d['scale']} at {d['budget']}" + \
             (f", {d['streams']} streams" if d["streams"] > 1 else "") + \
+            (f", {d['devices']} devices" if d["devices"] > 1 else "") + \
             (f", jitter {d['jitter']}" if d["jitter"] else "") + \
             (f", fail {d['fault']}" if d["fault"] else "") + f" -> {outcome}"
         print(line, flush=True)

@@ -116,6 +116,10 @@ Args parse_args(int argc, const char* const* argv) {
          const int64_t n = integer("--steps", v, 0);
          o.steps = n == 0 ? -1 : n;  // replay.h: -1 is every step
        });
+  text("--devices", nullptr, "N",
+       "replay the record on N simulated devices at once (1-8), one thread each, as a "
+       "one-process data-parallel job; the budget is each device's",
+       [&](const std::string& v) { o.devices = static_cast<int>(integer("--devices", v, 1, 8)); });
   text("--json", &o.json_out, "OUT", "write the report (JSON; harness/README.md) to OUT");
   text("--trace-out", &o.trace_out, "OUT",
        "write a Chrome/Perfetto trace of kernels and transfers to OUT");

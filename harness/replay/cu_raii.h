@@ -78,16 +78,16 @@ class PinnedBuffer {
   size_t n_ = 0;
 };
 
-// The primary context of device 0, retained and made current on this
+// The primary context of `device`, retained and made current on this
 // thread for the rest of the process, as PyTorch does: the shim uses the
 // context it found current from its own threads (background eviction) until
 // its exit handler runs, so releasing it when the replay ends would pull the
 // context out from under them. The process exit tears it down.
-inline CUresult retain_primary_context_for_process() {
+inline CUresult retain_primary_context_for_process(int device = 0) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   CUresult r = cuInit(0);
-  if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, 0);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, device);
   if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&ctx, dev);
   if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(ctx);
   return r;

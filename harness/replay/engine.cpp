@@ -47,6 +47,7 @@ struct KernelWork {
     std::vector<std::pair<uint64_t, uint64_t>> checks;  // allocation offsets holding the pattern
   };
   uint64_t launch = 0;
+  uint64_t salt = 0;  // Engine::key: the pattern's key is alloc ^ salt
   std::vector<Part> parts;
   Integrity* integrity = nullptr;
 };
@@ -64,16 +65,17 @@ void replay_kernel(const void* params, size_t, const simcuda_launch_info*, void*
     std::memcpy(&at, p + 16 + 8 * i, sizeof at);
     uint64_t checked = 0;
     for (const auto& [b, e] : part.checks) {
-      const uint64_t bad = pattern_check(at + (b - part.offset), part.alloc, b, e - b);
+      const uint64_t key = part.alloc ^ w->salt;
+      const uint64_t bad = pattern_check(at + (b - part.offset), key, b, e - b);
       checked += e - b;
       if (bad != UINT64_MAX) {
-        w->integrity->report(part.alloc, bad, pattern_byte(part.alloc, bad), at[bad - part.offset],
+        w->integrity->report(part.alloc, bad, pattern_byte(key, bad), at[bad - part.offset],
                              w->launch);
         break;
       }
     }
     w->integrity->bytes_checked += checked;
-    if (part.write) pattern_fill(at, part.alloc, part.offset, part.length);
+    if (part.write) pattern_fill(at, part.alloc ^ w->salt, part.offset, part.length);
   }
 }
 
@@ -97,7 +99,8 @@ void Integrity::report(uint64_t alloc, uint64_t offset, uint8_t want, uint8_t go
   ++mismatches;
   if (!first.empty()) return;
   char buf[256];
-  std::snprintf(buf, sizeof buf,
+  const int n = device ? std::snprintf(buf, sizeof buf, "device %d: ", device) : 0;
+  std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n),
                 "allocation %" PRIu64 " byte %" PRIu64
                 ": expected 0x%02x, read 0x%02x (checked by "
                 "launch %" PRIu64 ")",
@@ -115,7 +118,10 @@ std::string Integrity::first_mismatch() {
   return first;
 }
 
-Engine::Engine(const Options& o, const Analysis& a) : o_(o), a_(a) {}
+Engine::Engine(const Options& o, const Analysis& a, int device, StepBarrier* steps)
+    : o_(o), a_(a), device_(device), steps_(steps) {
+  integrity_.device = device;
+}
 Engine::~Engine() {
   // Everything the replay created goes before the context and the shim,
   // once no queued work can still use it (an error: this fails at once).
@@ -149,7 +155,7 @@ bool Engine::cu(CUresult r, const char* what) {
 }
 
 bool Engine::init() {
-  if (!cu(retain_primary_context_for_process(), "cuInit/primary context")) return false;
+  if (!cu(retain_primary_context_for_process(device_), "cuInit/primary context")) return false;
   shim_ = dlopen(o_.shim.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!shim_) return fail(std::string("cannot load the shim: ") + dlerror());
   malloc_ = reinterpret_cast<MallocFn>(dlsym(shim_, "spillway_malloc"));
@@ -236,12 +242,12 @@ bool Engine::order(Live& l, uint64_t s) {
 void Engine::sample_memory() {
   if (o_.trace_out.empty()) return;
   simcuda_memory_stats ms;
-  simcuda_get_memory_stats(0, &ms);
+  simcuda_get_memory_stats(device_, &ms);
   timeline_.push_back({simcuda_now_ns(), ms.device_used, ms.host_used});
 }
 
 bool Engine::do_alloc(const AllocRec& r) {
-  void* p = malloc_(r.size, 0, stream(r.stream));
+  void* p = malloc_(r.size, device_, stream(r.stream));
   if (!p) {
     oom_ = true;
     char buf[160];
@@ -265,7 +271,7 @@ bool Engine::do_free(const FreeRec& r) {
   Live& l = it->second;
   if (l.ptr) {
     if (!order(l, r.stream)) return false;
-    free_(l.ptr, l.size, 0, stream(r.stream));
+    free_(l.ptr, l.size, device_, stream(r.stream));
   }
   if (l.host) host_hold_.push_back(std::move(l.host));
   live_.erase(it);
@@ -289,7 +295,7 @@ bool Engine::offload(uint64_t id) {
         !cu(cuStreamSynchronize(s), "cuStreamSynchronize")) {
       return false;
     }
-    free_(l.ptr, l.size, 0, s);
+    free_(l.ptr, l.size, device_, s);
     l.ptr = nullptr;
   } else {
     // torchtune / TransformerEngine: the copy runs on a side stream after
@@ -317,7 +323,7 @@ bool Engine::release_pending() {
     Live& l = live_.at(p.alloc);
     CUstream s = stream(l.last_stream);
     if (!cu(cuStreamWaitEvent(s, p.done.get(), 0), "cuStreamWaitEvent")) return false;
-    free_(l.ptr, l.size, 0, s);
+    free_(l.ptr, l.size, device_, s);
     l.ptr = nullptr;
   }
   pending_.clear();
@@ -344,7 +350,7 @@ bool Engine::reload(uint64_t id, uint64_t use_stream) {
     return true;
   }
   CUstream s = stream(use_stream);
-  void* p = malloc_(l.size, 0, s);
+  void* p = malloc_(l.size, device_, s);
   if (!p) {
     oom_ = true;
     oom_what_ = "reloading an offloaded tensor of " + std::to_string(l.size) + " bytes";
@@ -423,6 +429,7 @@ bool Engine::launch(uint64_t stream_id, uint64_t name, uint64_t duration_ns,
   if (!o_.no_data) {
     w = kernel_work_.emplace_back(std::make_unique<KernelWork>()).get();
     w->launch = launches_;
+    w->salt = key(0);
     w->integrity = &integrity_;
     w->parts.reserve(touches.size());
   }
@@ -496,7 +503,7 @@ bool Engine::copy(const CopyRec& c) {
   if (c.dst.alloc) {  // host to device (pageable: synchronous)
     if (!ensure(c.dst.alloc, c.stream)) return false;
     Live& l = live_.at(c.dst.alloc);
-    if (!o_.no_data) pattern_fill(staging_.data(), c.dst.alloc, c.dst.offset, c.bytes);
+    if (!o_.no_data) pattern_fill(staging_.data(), key(c.dst.alloc), c.dst.offset, c.bytes);
     if (!cu(cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(l.ptr + c.dst.offset), staging_.data(),
                               c.bytes, stream(c.stream)),
             "cuMemcpyHtoDAsync")) {
@@ -518,10 +525,10 @@ bool Engine::copy(const CopyRec& c) {
   if (!o_.no_data) {
     for (const auto& [b, e] : l.defined.intersect(c.src.offset, c.src.offset + c.bytes)) {
       const uint64_t bad =
-          pattern_check(staging_.data() + (b - c.src.offset), c.src.alloc, b, e - b);
+          pattern_check(staging_.data() + (b - c.src.offset), key(c.src.alloc), b, e - b);
       integrity_.bytes_checked += e - b;
       if (bad != UINT64_MAX) {
-        integrity_.report(c.src.alloc, bad, pattern_byte(c.src.alloc, bad),
+        integrity_.report(c.src.alloc, bad, pattern_byte(key(c.src.alloc), bad),
                           staging_[bad - c.src.offset], launches_);
         break;
       }
@@ -542,9 +549,9 @@ bool Engine::end_step() {
   step_times_.push_back(t);
   step_spans_.push_back({step_start_ns_, now});
   ++steps_completed_;
-  if (!o_.quiet) {
+  if (!o_.quiet && device_ == 0) {
     simcuda_memory_stats ms;
-    simcuda_get_memory_stats(0, &ms);
+    simcuda_get_memory_stats(device_, &ms);
     std::fprintf(stderr,
                  "spillway-replay: step %" PRId64 " done (%" PRIu64 "/%" PRIu64
                  "): %.3f ms simulated, device peak %.1f MiB\n",
@@ -552,6 +559,28 @@ bool Engine::end_step() {
                  static_cast<double>(ms.device_peak) / (1 << 20));
   }
   return true;
+}
+
+// A step's end: the devices' engines meet, device 0's marks the step (the
+// shim's mark is the process's, for every device, as a job's one call), and
+// none starts the next step before the mark. An engine that stops early
+// (an OOM, an error, --steps) leaves the barrier, so the others never wait
+// for it.
+void Engine::meet_at_step() {
+  if (!steps_) {
+    mark_step_();
+    return;
+  }
+  steps_->arrive_and_wait();
+  if (device_ == 0) mark_step_();
+  steps_->arrive_and_wait();
+}
+
+void Engine::leave_steps() {
+  if (steps_ && !left_steps_) {
+    left_steps_ = true;
+    steps_->arrive_and_drop();
+  }
 }
 
 bool Engine::run() {
@@ -572,7 +601,7 @@ bool Engine::run() {
         break;
       }
       ++step_;
-      mark_step_();
+      meet_at_step();
       step_start_ns_ = simcuda_now_ns();
       phase = 0;
       continue;

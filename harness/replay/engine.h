@@ -1,10 +1,14 @@
-// The replay engine (engine.cpp). One per process: it owns the primary
-// context, the loaded shim and everything created during the replay.
+// The replay engine (engine.cpp). One per device: it owns what the replay
+// creates on that device (the device's primary context is the process's).
+// With several devices (--devices), each engine replays the whole record on
+// its own device and thread, as a one-process data-parallel job does; they
+// meet at each step's end, where device 0's engine marks the step.
 #pragma once
 
 #include <cuda.h>
 
 #include <atomic>
+#include <barrier>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,6 +26,7 @@ namespace replay {
 
 // Results of the pattern checks, written by kernels on stream workers.
 struct Integrity {
+  int device = 0;  // named in the report when it is not device 0
   std::atomic<uint64_t> bytes_checked{0};
   void report(uint64_t alloc, uint64_t offset, uint8_t want, uint8_t got, uint64_t launch);
   bool ok();
@@ -41,7 +46,10 @@ struct MemorySample {
 
 class Engine {
  public:
-  Engine(const Options& o, const Analysis& a);
+  // `steps`: the engines of the other devices, met at each step's end
+  // (nullptr with one device).
+  using StepBarrier = std::barrier<>;
+  Engine(const Options& o, const Analysis& a, int device = 0, StepBarrier* steps = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -50,6 +58,9 @@ class Engine {
   // Replays the trace. False on an error (error()); an OOM is a result, not
   // an error (oom()).
   bool run();
+  // Done with the steps (run returned, or init failed): the other devices'
+  // engines stop waiting for this one at the steps' ends. Idempotent.
+  void leave_steps();
 
   const std::string& error() const { return error_; }
   bool device_fault() const { return device_fault_; }
@@ -104,11 +115,19 @@ class Engine {
               const std::vector<spillway::trace::TouchRec>& touches);
   bool copy(const spillway::trace::CopyRec& c);
   bool end_step();
+  void meet_at_step();
   bool finish_oom();
+  // The pattern's key for an allocation on this device: the same record on
+  // two devices writes different bytes, so a block restored on the wrong
+  // device reads wrong.
+  uint64_t key(uint64_t alloc) const { return alloc ^ (static_cast<uint64_t>(device_) << 56); }
 
   const Options& o_;
   const Analysis& a_;
-  void* shim_ = nullptr;  // never dlclose'd: its exit handlers run at exit
+  const int device_;
+  StepBarrier* steps_ = nullptr;
+  bool left_steps_ = false;  // dropped out of the step barrier
+  void* shim_ = nullptr;     // never dlclose'd: its exit handlers run at exit
   MallocFn malloc_ = nullptr;
   FreeFn free_ = nullptr;
   MarkStepFn mark_step_ = nullptr;

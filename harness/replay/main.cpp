@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -158,6 +159,48 @@ bool run_baseline(const Options& o, const Analysis& a, Baseline& b) {
   b.median_step_ns = json_u64(json, "sim_step_time_ns");
   b.step_ns = json_array(json, "step_times_ns");
   return true;
+}
+
+// What one device's replay ended with (--devices: the engines of devices
+// 1..N-1 run on their own threads, and are made and destroyed there, in
+// their device's context).
+struct DeviceRun {
+  int device = 0;
+  bool ran = false;
+  std::string error;
+  bool oom = false;
+  std::string oom_what;
+  bool integrity_ok = true;
+  std::string first_mismatch;
+  uint64_t bytes_checked = 0;
+  uint64_t steps_completed = 0;
+  uint64_t peak = 0;
+};
+
+void finish_device(Engine& e, bool ran, bool no_data, DeviceRun& r) {
+  cuCtxSynchronize();
+  r.ran = ran;
+  r.error = e.error();
+  r.oom = e.oom();
+  r.oom_what = e.oom_what();
+  r.integrity_ok = no_data || (e.integrity().ok() && !e.device_fault());
+  r.first_mismatch = e.integrity().first_mismatch();
+  if (r.first_mismatch.empty() && !r.integrity_ok)
+    r.first_mismatch = (r.device ? "device " + std::to_string(r.device) + ": " : "") + e.error();
+  r.bytes_checked = e.integrity().bytes_checked.load();
+  r.steps_completed = e.steps_completed();
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(r.device, &ms);
+  r.peak = ms.device_peak;
+}
+
+void run_device(const Options& o, const Analysis& a, int device, Engine::StepBarrier* steps,
+                DeviceRun& r) {
+  r.device = device;
+  Engine e(o, a, device, steps);
+  const bool ran = e.init() && e.run();
+  e.leave_steps();
+  finish_device(e, ran, o.no_data, r);
 }
 
 double env_gbps(const char* name, double dflt) {
@@ -310,18 +353,57 @@ int main(int argc, char** argv) {
                                          REPLAY_SIM_DIR "/libcupti.so.13");
   setenv("SPILLWAY_CUPTI_PATH", cupti.c_str(), 0);
 
-  Engine e(o, a);
-  bool ran = e.init() && e.run();
+  if (o.devices > 1) {
+    // Enough simulated devices, unless the environment already has more.
+    const char* have = std::getenv("SIMCUDA_DEVICE_COUNT");
+    if (!have || std::atoi(have) < o.devices)
+      setenv("SIMCUDA_DEVICE_COUNT", std::to_string(o.devices).c_str(), 1);
+  }
+  std::optional<Engine::StepBarrier> step_barrier;
+  if (o.devices > 1) step_barrier.emplace(o.devices);
+  Engine::StepBarrier* steps_met = step_barrier ? &*step_barrier : nullptr;
+  std::vector<DeviceRun> others(static_cast<size_t>(o.devices - 1));
+  std::vector<std::thread> threads;
+  for (int d = 1; d < o.devices; ++d)
+    threads.emplace_back(run_device, std::cref(o), std::cref(a), d, steps_met,
+                         std::ref(others[static_cast<size_t>(d - 1)]));
+  Engine e(o, a, 0, steps_met);
+  const bool ran = e.init() && e.run();
+  e.leave_steps();
+  for (std::thread& t : threads) t.join();
   if (!ran) {
     std::fprintf(stderr, "spillway-replay: replay failed: %s\n", e.error().c_str());
   }
-  cuCtxSynchronize();
+  DeviceRun first;
+  finish_device(e, ran, o.no_data, first);
+  // Several devices: the report's flags and counts are all devices' (the
+  // integrity of each, an OOM on any, the fewest steps, the highest peak);
+  // the times, bytes moved and the ideal are device 0's.
+  for (const DeviceRun& r : others) {
+    if (!r.ran && !r.oom)
+      std::fprintf(stderr, "spillway-replay: replay on device %d failed: %s\n", r.device,
+                   r.error.c_str());
+  }
+  std::vector<const DeviceRun*> runs{&first};
+  for (const DeviceRun& r : others) runs.push_back(&r);
+  const DeviceRun *oom_run = nullptr, *failed_run = nullptr, *bad_run = nullptr;
+  uint64_t bytes_checked = 0, steps = first.steps_completed, peak = 0;
+  for (const DeviceRun* r : runs) {
+    if (r->oom && !oom_run) oom_run = r;
+    if (!r->ran && !r->oom && !failed_run) failed_run = r;
+    if (!r->integrity_ok && !bad_run) bad_run = r;
+    bytes_checked += r->bytes_checked;
+    steps = std::min(steps, r->steps_completed);
+    peak = std::max(peak, r->peak);
+  }
+  auto named = [](const DeviceRun* r, const std::string& what) {
+    return r->device ? "device " + std::to_string(r->device) + ": " + what : what;
+  };
 
   simcuda_memory_stats ms;
   simcuda_get_memory_stats(0, &ms);
   const std::string stats = e.shim_stats();
-  const bool integrity_ok = !o.no_data && e.integrity().ok() && !e.device_fault();
-  const uint64_t peak = ms.device_peak;
+  const bool integrity_ok = !o.no_data && !bad_run;
   if (!budget) {
     budget = json_u64(stats, "budget_bytes");
     if (!budget) budget = ms.device_capacity;
@@ -331,7 +413,6 @@ int main(int argc, char** argv) {
   const uint64_t d2h = ms.bytes_d2h - e.trace_d2h_bytes();
   const uint64_t h2d = ms.bytes_h2d - e.trace_h2d_bytes();
   const uint64_t median = e.median_step_ns();
-  const uint64_t steps = e.steps_completed();
   uint64_t stall = 0;
   for (size_t i = 0; i < e.step_times().size(); ++i) {
     const uint64_t b = i < base.step_ns.size() ? base.step_ns[i] : base.median_step_ns;
@@ -400,18 +481,32 @@ int main(int argc, char** argv) {
   j["data_checked"] = !o.no_data;
   j["steps_in_record"] = a.steps;
   j["steps_completed"] = steps;
-  j["oom"] = e.oom();
-  if (!ran && !e.oom()) j["replay_error"] = e.error();
-  if (e.oom()) j["oom_at"] = e.oom_what();
+  j["devices"] = o.devices;
+  j["oom"] = oom_run != nullptr;
+  if (failed_run) j["replay_error"] = named(failed_run, failed_run->error);
+  if (oom_run) j["oom_at"] = named(oom_run, oom_run->oom_what);
   j["integrity_ok"] = o.no_data ? nlohmann::ordered_json() : nlohmann::ordered_json(integrity_ok);
-  if (!integrity_ok && !o.no_data) {
-    std::string m = e.integrity().first_mismatch();
-    j["first_mismatch"] = m.empty() ? e.error() : m;
-  }
-  j["bytes_checked"] = e.integrity().bytes_checked.load();
+  if (bad_run && !o.no_data) j["first_mismatch"] = bad_run->first_mismatch;
+  j["bytes_checked"] = bytes_checked;
   j["peak_device_bytes"] = peak;
   j["budget_bytes"] = budget;
   j["within_budget"] = peak <= budget;
+  if (o.devices > 1) {
+    nlohmann::ordered_json per = nlohmann::ordered_json::array();
+    for (const DeviceRun* r : runs) {
+      nlohmann::ordered_json d;
+      d["device"] = r->device;
+      d["steps_completed"] = r->steps_completed;
+      d["oom"] = r->oom;
+      if (!r->ran && !r->oom) d["replay_error"] = r->error;
+      d["integrity_ok"] =
+          o.no_data ? nlohmann::ordered_json() : nlohmann::ordered_json(r->integrity_ok);
+      d["bytes_checked"] = r->bytes_checked;
+      d["peak_device_bytes"] = r->peak;
+      per.push_back(std::move(d));
+    }
+    j["per_device"] = std::move(per);
+  }
   j["device_memory_bytes"] = ms.device_capacity;
   j["unconstrained_peak_bytes"] = unconstrained;
   j["record_peak_live_bytes"] = a.peak_live_bytes;
@@ -483,7 +578,7 @@ int main(int argc, char** argv) {
         "  step (median, simulated): %.3f ms, baseline %.3f ms, lower bound %.3f ms, stall %.3f "
         "ms total\n",
         o.trace.c_str(), name_of(o.strategy), steps, a.steps,
-        e.oom() ? (", OOM: " + e.oom_what()).c_str() : "",
+        oom_run ? (", OOM: " + named(oom_run, oom_run->oom_what)).c_str() : "",
         o.no_data      ? "not checked (--no-data)"
         : integrity_ok ? "ok"
                        : "FAILED",
@@ -509,13 +604,11 @@ int main(int argc, char** argv) {
           "last step %.3f ms; spillway/that: %.2fx\n",
           static_cast<double>(handles_ns.back()) / 1e6,
           static_cast<double>(e.step_times().back()) / static_cast<double>(handles_ns.back()));
-    if (!integrity_ok && !o.no_data) {
-      const std::string m = e.integrity().first_mismatch();
-      std::printf("  first mismatch: %s\n", m.empty() ? e.error().c_str() : m.c_str());
-    }
+    if (bad_run && !o.no_data)
+      std::printf("  first mismatch: %s\n", bad_run->first_mismatch.c_str());
   }
   std::fflush(stdout);
-  if (!ran && !e.oom()) return 1;
+  if (failed_run) return 1;
   if (!o.no_data && !integrity_ok) return 1;
   return 0;
 }

@@ -22,6 +22,7 @@ struct Options {
   std::string mode = "host";
   Strategy strategy = Strategy::kSpillway;
   int64_t steps = -1;  // -1: all
+  int devices = 1;     // the record replayed on each, at once (--devices)
   std::string json_out;
   std::string trace_out;
   bool no_data = false;

@@ -53,6 +53,8 @@ TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
   EXPECT_EQ(r.options.layers, 12);
   EXPECT_TRUE(r.options.no_data);
   EXPECT_EQ(r.options.strategy, replay::Strategy::kLayerwise);
+  EXPECT_EQ(r.options.devices, 1);
+  EXPECT_EQ(parse({"job.spwt", "--devices", "3"}).options.devices, 3);
   // "--steps 0" is every step, as --help says, not none.
   EXPECT_EQ(parse({"job.spwt", "--steps", "0"}).options.steps, parse({"job.spwt"}).options.steps);
   EXPECT_LT(parse({"job.spwt", "--steps", "0"}).options.steps, 0);
@@ -94,6 +96,9 @@ TEST(ReplayArgs, EveryOptionRefusesWrongValuesByName) {
       {{"job.spwt", "--steps", ""}, "--steps '' is not an integer >= 0"},
       {{"job.spwt", "--steps", "99999999999999999999"},
        "--steps '99999999999999999999' is not an integer >= 0"},
+      {{"job.spwt", "--devices", "0"}, "--devices '0' is not an integer from 1 to 8"},
+      {{"job.spwt", "--devices", "9"}, "--devices '9' is not an integer from 1 to 8"},
+      {{"job.spwt", "--devices", "two"}, "--devices 'two' is not an integer from 1 to 8"},
       {{"job.spwt", "--layers", "0"}, "--layers '0' is not an integer from 1 to 10000"},
       {{"job.spwt", "--offload-layers", "-1"},
        "--offload-layers '-1' is not an integer from 0 to 10000"},

@@ -290,6 +290,50 @@ TEST_F(ReplayTest, AnchorStrategiesCompleteWithTheirCopies) {
   }
 }
 
+// --devices: the record on two simulated devices at once, one thread each
+// (a one-process data-parallel job). Each device keeps its own budget and
+// every byte of its own data, which differs from the other's (a block
+// restored on the wrong device would read wrong).
+TEST_F(ReplayTest, TwoDevicesEachKeepTheirBytesWithinTheirBudget) {
+  Result r = replay({"--budget", "40%", "--devices", "2"});
+  EXPECT_COMPLETE(r);
+  EXPECT_EQ(r.num("devices"), 2) << r.json;
+  const std::string per = r.json.substr(r.json.find("\"per_device\""));
+  const double budget = r.num("budget_bytes");
+  for (int d = 0; d < 2; ++d) {
+    SCOPED_TRACE(d);
+    const size_t at = per.find("\"device\": " + std::to_string(d) + ",");
+    ASSERT_NE(at, std::string::npos) << per;
+    Result dev;
+    dev.json = per.substr(at, per.find('}', at) - at);
+    EXPECT_EQ(dev.num("steps_completed"), 3);
+    EXPECT_TRUE(dev.flag("integrity_ok"));
+    EXPECT_GT(dev.num("bytes_checked"), 0);
+    // The unconstrained peak is 2.5 times the budget: each device stayed
+    // under its budget only because spillway moved its blocks.
+    EXPECT_LE(dev.num("peak_device_bytes"), budget);
+    EXPECT_GT(dev.num("peak_device_bytes"), 0.5 * budget);
+  }
+  EXPECT_GT(r.num("unconstrained_peak_bytes"), 2 * budget);
+  // Both devices evicted and restored (the shim's counters sum them): more
+  // than one device's worth.
+  Result one = replay({"--budget", "40%"});
+  EXPECT_COMPLETE(one);
+  EXPECT_GT(r.num("blocks_evicted"), one.num("blocks_evicted")) << r.json;
+}
+
+// A byte corrupted on each device is caught on each, and the report names
+// the device of every mismatch but device 0's.
+TEST_F(ReplayTest, ACorruptedByteIsCaughtOnEveryDevice) {
+  Result r = replay({"--budget", "40%", "--devices", "2", "--inject-corruption", "0"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_FALSE(r.flag("integrity_ok")) << r.json;
+  EXPECT_NE(r.json.find("\"first_mismatch\": \"allocation 14 byte 0"), std::string::npos) << r.json;
+  const std::string per = r.json.substr(r.json.find("\"per_device\""));
+  EXPECT_EQ(per.find("\"integrity_ok\": true"), std::string::npos) << per;
+  EXPECT_NE(per.find("\"integrity_ok\": false"), per.rfind("\"integrity_ok\": false")) << per;
+}
+
 TEST_F(ReplayTest, CorruptedByteIsCaught) {
   for (const char* budget : {"100%", "40%"}) {
     SCOPED_TRACE(budget);
