@@ -79,7 +79,7 @@ void on_term_signal(bool fatal) {
 
 }  // namespace
 
-// 64 bytes, trivially copyable: what a producer hands over.
+// A few words, trivially copyable: what a producer hands over.
 struct ChromeTrace::HostEvent {
   enum class Kind : uint8_t { kTransfer, kMemory, kOom, kInternalCopy };
   Kind kind = Kind::kMemory;
@@ -90,22 +90,47 @@ struct ChromeTrace::HostEvent {
   uint32_t for_correlation = 0;  // kTransfer: the driver call it was made for (0: none)
   uint64_t ptr = 0, bytes = 0;
   uint64_t a = 0, b = 0, c = 0;  // see push sites
+  uint64_t span = 0;             // kTransfer: the block's extent from ptr (Transfer::span)
   uint64_t at = 0;               // trace clock when it was observed
   const char* site = nullptr;    // kTransfer: the block's allocation site (SPILLWAY_STACKS)
 };
+
+namespace {
+
+// A block's move as one record: its copies' records merged, from the first
+// start to the last end (the copies of one move run one after another on its
+// stream), their bytes summed.
+void merge_record(cupti::DeviceRecord& into, const cupti::DeviceRecord& r) {
+  if (into.bytes == 0) {
+    into = r;
+    return;
+  }
+  into.start = std::min(into.start, r.start);
+  into.end = std::max(into.end, r.end);
+  into.bytes += r.bytes;
+}
+
+}  // namespace
 
 // The writer's bounded tables joining spillway's copies to their activity
 // records by correlation id. Each holds at most `cap` entries; when full,
 // the oldest goes out as it is (a transfer on the host clock, a copy as not
 // committed), so nothing grows and nothing is lost.
+//
+// A block's move is one copy per host piece and live range (host_backing.cpp:
+// a block over 64 MiB, a split block), each with its own correlation id and
+// source address inside the block: a transfer takes every copy on its stream
+// from [ptr, ptr + span), and is written once all of their records are in,
+// from the first one's start to the last one's end.
 struct ChromeTrace::Join {
-  struct Copy {  // spillway's copy of block `src` on `stream`, as called
+  struct Copy {  // spillway's copy from address `src` on `stream`, as called
     uint64_t src = 0, stream = 0, seq = 0;
     uint32_t correlation = 0;
   };
-  struct Waiting {  // a transfer whose record has not arrived
+  struct Waiting {  // a transfer whose copies' records have not all arrived
     HostEvent t;
-    uint32_t correlation = 0;
+    std::vector<uint32_t> correlations;  // those still to come
+    cupti::DeviceRecord done{};          // those in so far, merged (bytes: 0 for none)
     uint64_t seq = 0;
   };
   struct Record {  // a record of spillway's copy whose transfer has not arrived
@@ -241,6 +266,7 @@ void ChromeTrace::on_transfer(const Transfer& t) {
   e.a = reinterpret_cast<uint64_t>(t.stream);
   e.b = t.queued_ns;
   e.c = t.done_ns;
+  e.span = t.span;
   e.site = t.site;
   e.at = now();
   push(e);
@@ -435,8 +461,8 @@ void ChromeTrace::on_host_event(const HostEvent& e) {
   Join& j = *join_;
   switch (e.kind) {
     case HostEvent::Kind::kInternalCopy: {
-      // The latest copy of this block on this stream is the one a transfer
-      // will report; an older one never committed.
+      // The latest copy from this address on this stream is the one a
+      // transfer will report; an older one never committed.
       auto it = std::find_if(j.copies.begin(), j.copies.end(), [&](const Join::Copy& c) {
         return c.src == e.ptr && c.stream == e.a;
       });
@@ -450,25 +476,33 @@ void ChromeTrace::on_host_event(const HostEvent& e) {
       return;
     }
     case HostEvent::Kind::kTransfer: {
-      auto it = std::find_if(j.copies.begin(), j.copies.end(), [&](const Join::Copy& c) {
-        return c.src == e.ptr && c.stream == e.a;
-      });
-      if (it == j.copies.end()) return emit_transfer(e, nullptr);  // no activity: host clock
-      const uint32_t corr = it->correlation;
-      j.copies.erase(it);
-      auto rec = std::find_if(j.records.begin(), j.records.end(),
-                              [&](const Join::Record& r) { return r.r.correlation == corr; });
-      if (rec != j.records.end()) {
-        const cupti::DeviceRecord r = rec->r;
+      Join::Waiting w{e, {}, {}, 0};
+      const uint64_t end = e.ptr + std::max<uint64_t>(e.span, 1);
+      for (auto it = j.copies.begin(); it != j.copies.end();) {
+        if (it->stream != e.a || it->src < e.ptr || it->src >= end) {
+          ++it;
+          continue;
+        }
+        const uint32_t corr = it->correlation;
+        it = j.copies.erase(it);
+        auto rec = std::find_if(j.records.begin(), j.records.end(),
+                                [&](const Join::Record& r) { return r.r.correlation == corr; });
+        if (rec == j.records.end()) {
+          w.correlations.push_back(corr);
+          continue;
+        }
+        merge_record(w.done, rec->r);
         j.records.erase(rec);
-        return emit_transfer(e, &r);
       }
+      if (w.correlations.empty())  // all in, or no activity: the host clock
+        return emit_transfer(e, w.done.bytes ? &w.done : nullptr);
       if (j.waiting.size() == j.cap) {
         const size_t o = j.oldest(j.waiting);
         emit_transfer(j.waiting[o].t, nullptr);
         j.waiting.erase(j.waiting.begin() + o);
       }
-      j.waiting.push_back({e, corr, ++j.seq});
+      w.seq = ++j.seq;
+      j.waiting.push_back(std::move(w));
       note_join();
       return;
     }
@@ -502,12 +536,16 @@ void ChromeTrace::on_host_event(const HostEvent& e) {
 void ChromeTrace::on_record(const cupti::DeviceRecord& r) {
   Join& j = *join_;
   if (r.kind == cupti::DeviceRecord::Kind::kMemcpy) {
-    auto w = std::find_if(j.waiting.begin(), j.waiting.end(),
-                          [&](const Join::Waiting& x) { return x.correlation == r.correlation; });
-    if (w != j.waiting.end()) {
+    for (auto w = j.waiting.begin(); w != j.waiting.end(); ++w) {
+      auto c = std::find(w->correlations.begin(), w->correlations.end(), r.correlation);
+      if (c == w->correlations.end()) continue;
+      w->correlations.erase(c);
+      merge_record(w->done, r);
+      if (!w->correlations.empty()) return;
       const HostEvent t = w->t;
+      const cupti::DeviceRecord done = w->done;
       j.waiting.erase(w);
-      return emit_transfer(t, &r);
+      return emit_transfer(t, &done);
     }
     auto c = std::find_if(j.copies.begin(), j.copies.end(),
                           [&](const Join::Copy& x) { return x.correlation == r.correlation; });

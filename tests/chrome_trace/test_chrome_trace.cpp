@@ -499,6 +499,89 @@ TEST(ChromeTraceWriter, MemoryStaysWithinTheCapsUnderLoad) {
   fs::remove_all(tmpl);
 }
 
+// A block's move is one copy per 64 MiB host piece (and per live range of
+// a split block), each with its own correlation id and source address: the
+// trace shows one transfer on the device clock, from the first copy's start
+// to the last one's end, whether the records come before or after the
+// transfer, and none of its copies as "not committed" (they all were; a
+// 500 MiB eviction once showed one piece's duration and seven uncommitted
+// copies). A copy no transfer takes is still shown as not committed.
+TEST(ChromeTraceWriter, ABlockMovedInSeveralCopiesIsOneTransfer) {
+  char tmpl[] = "/tmp/chrome_trace_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  const std::string path = std::string(tmpl) + "/t.json";
+  std::string why;
+  auto t = spillway::ChromeTrace::open(path, nullptr, &why);
+  ASSERT_NE(nullptr, t) << why;
+  constexpr uint64_t kPiece = 64ull << 20, P = 0x7f0000000000ull, R = 0x7f1000000000ull,
+                     Q = 0x7f2000000000ull;
+  auto* stream = reinterpret_cast<CUstream>(0x10);
+  auto copy = [&](uint64_t src, uint32_t corr) {
+    spillway::OwnCopy c;
+    c.src = src;
+    c.bytes = kPiece;
+    c.stream = stream;
+    c.correlation = corr;
+    t->on_own_copy(c);
+  };
+  auto record = [](uint32_t corr, uint64_t start) {
+    spillway::cupti::DeviceRecord r;
+    r.kind = spillway::cupti::DeviceRecord::Kind::kMemcpy;
+    r.correlation = corr;
+    r.start = start;
+    r.end = start + 1'000'000;  // 1 ms each
+    r.bytes = kPiece;
+    return r;
+  };
+  auto transfer = [&](uint64_t ptr) {
+    spillway::Transfer x;
+    x.ptr = ptr;
+    x.bytes = 3 * kPiece;
+    x.span = 3 * kPiece;
+    x.stream = stream;
+    t->on_transfer(x);
+  };
+  const uint64_t t0 = spillway::monotonic_ns();
+  // Block P: three copies, the transfer, then the records in two batches.
+  copy(P, 11);
+  copy(P + kPiece, 12);
+  copy(P + 2 * kPiece, 13);
+  copy(Q, 20);  // another block's copy, never committed
+  transfer(P);
+  std::vector<spillway::cupti::DeviceRecord> first = {record(11, t0), record(12, t0 + 1'000'000)};
+  t->on_records(first);
+  std::vector<spillway::cupti::DeviceRecord> second = {record(13, t0 + 2'000'000),
+                                                       record(20, t0 + 3'000'000)};
+  t->on_records(second);
+  // Block R: the records first, then the transfer.
+  copy(R, 31);
+  copy(R + kPiece, 32);
+  copy(R + 2 * kPiece, 33);
+  std::vector<spillway::cupti::DeviceRecord> third = {
+      record(31, t0 + 4'000'000), record(32, t0 + 5'000'000), record(33, t0 + 6'000'000)};
+  t->on_records(third);
+  transfer(R);
+  t->finish();
+  const auto c = t->counters();
+  EXPECT_EQ(2u, c.evictions);
+  EXPECT_EQ(2u, c.transfers_device_clock);
+  EXPECT_EQ(0u, c.transfers_host_clock);
+  EXPECT_EQ(1u, c.uncommitted_copies);
+  EXPECT_EQ(6 * kPiece, c.bytes_evicted);
+  const std::string text = read_file(path);
+  size_t evicts = 0;
+  for (size_t at = text.find("\"evict (budget)\""); at != std::string::npos;
+       at = text.find("\"evict (budget)\"", at + 1)) {
+    ++evicts;
+    const std::string line = text.substr(at, text.find('\n', at) - at);
+    EXPECT_NE(line.find("\"dur\":3000.000"), std::string::npos) << line;  // three copies, in us
+    EXPECT_NE(line.find("\"clock\":\"device\""), std::string::npos) << line;
+  }
+  EXPECT_EQ(2u, evicts) << text;
+  EXPECT_NE(text.find("\"correlation\":20}"), std::string::npos) << text;  // the uncommitted one
+  fs::remove_all(tmpl);
+}
+
 // The allocator calls the trace's observer methods with its lock held: they
 // must return at once even when the writer cannot write. The file is a FIFO
 // nobody reads, so the writer thread stalls in write(2) with the ring and the
