@@ -186,9 +186,10 @@ def integrity(row: dict) -> str:
 
 TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
               "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms "
-              "| ideal last step ms | spillway / ideal (time, bytes) | ideal / last step's bound |\n"
+              "| ideal last step ms | spillway / ideal (time, bytes) | ideal / last step's bound "
+              "| heaviest step: spillway / ideal |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-              "| --- | --- | --- |\n")
+              "| --- | --- | --- | --- |\n")
 
 
 def versus_ideal(row: dict) -> str:
@@ -213,6 +214,17 @@ def ideal_over_bound(row: dict) -> str:
     if not bounds or not ideal or not bounds[-1]:
         return "-"
     return f"{ideal / bounds[-1]:.2f}x"
+
+
+def heaviest_step(row: dict) -> str:
+    """spillway's step over the ideal's at the step where the ideal is
+    slowest (the most pressure: gpt_varlen's long batch, where the last step
+    is a short one), with its index."""
+    ideal, steps = row.get("ideal_step_times_ns") or [], row.get("step_times_ns") or []
+    if row.get("oom") or not ideal or len(ideal) != len(steps):
+        return "-"
+    i = max(range(len(ideal)), key=ideal.__getitem__)
+    return f"{steps[i] / ideal[i]:.2f}x (step {i})"
 
 
 def last_step_ns(row: dict) -> int | None:
@@ -240,7 +252,7 @@ def table(rows: list[dict]) -> str:
             f"| {step} | {fmt_ms(last_step_ns(r))} | {'-' if ov is None else f'{ov:+.0f}%'} "
             f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} "
             f"| {fmt_ms(r.get('ideal_step_time_ns'))} | {versus_ideal(r)} "
-            f"| {ideal_over_bound(r)} |\n")
+            f"| {ideal_over_bound(r)} | {heaviest_step(r)} |\n")
     return "".join(out)
 
 
@@ -267,6 +279,9 @@ ideal's, and all bytes moved over the ideal plan's (`min_bytes_moved`).
 lower bound (the formula above, for that step alone): how far the ideal may
 be from an optimum (under 1.00x can happen: the ideal is cyclic and may
 move bytes for this step in the step before, which the formula charges here).
+*heaviest step*: spillway's step over the ideal's at the step where the
+ideal is slowest (its index): gpt_varlen's long batch, where the last step is
+a short one.
 """
 
 

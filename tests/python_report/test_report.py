@@ -112,6 +112,12 @@ def test_report_table_and_plots(tiny, tmp_path, capsys):
     assert len(bounds) == tight["steps_in_record"]
     assert sorted(bounds)[len(bounds) // 2] == tight["sim_lower_bound_step_time_ns"]
     assert f"| {want} | {ideal / bounds[-1]:.2f}x |" in md
+    # The heaviest step: the middle one of this trace (4x longer), where the
+    # ideal is slowest; the table gives spillway's over the ideal's there.
+    ideals = tight["ideal_step_times_ns"]
+    assert max(range(3), key=ideals.__getitem__) == 1
+    heavy = tight["step_times_ns"][1] / ideals[1]
+    assert f"| {ideal / bounds[-1]:.2f}x | {heavy:.2f}x (step 1) |" in md
     for png in ("memory_tiny_60.png", "overhead_tiny.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
