@@ -462,7 +462,7 @@ def run_equal_peak(binary: Path, rows: list[dict], out: Path, no_data_traces: se
             args.append("--no-data")
         if steps is not None:
             args += ["--steps", str(steps)]
-        rep = replay(binary, trace_path_of(a), args,
+        rep = replay(binary, Path(a["record"]), args,
                      runs_dir / f"{a['trace_name']}_peak_of_{a['strategy']}_spillway.json")
         rep.pop("stdout", None)
         log(f"equal peak: {a['trace_name']} at {a['strategy']}'s peak "
@@ -472,11 +472,6 @@ def run_equal_peak(binary: Path, rows: list[dict], out: Path, no_data_traces: se
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         return list(ex.map(one, anchors))
-
-
-def trace_path_of(row: dict) -> Path:
-    """The record a row replayed (its command's first argument)."""
-    return Path(shlex.split(row["command"])[1])
 
 
 def slowest_step(row: dict) -> tuple[int, int] | None:
