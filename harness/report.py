@@ -187,9 +187,9 @@ def integrity(row: dict) -> str:
 TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
               "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms "
               "| ideal last step ms | spillway / ideal (time, bytes) | ideal / last step's bound "
-              "| heaviest step: spillway / ideal |\n"
+              "| heaviest step: spillway / ideal | steady: spillway / ideal | steady: ideal / cyclic bound |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-              "| --- | --- | --- | --- |\n")
+              "| --- | --- | --- | --- | --- | --- |\n")
 
 
 def versus_ideal(row: dict) -> str:
@@ -227,9 +227,49 @@ def heaviest_step(row: dict) -> str:
     return f"{steps[i] / ideal[i]:.2f}x (step {i})"
 
 
+def _median(xs: list[int]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def steady_versus_ideal(row: dict) -> str:
+    """spillway's median step over the ideal's median, both over the last
+    half of the record's steps: the steady state of a record of repeating
+    steps (4 or more), once the first steps' learning and the first plans'
+    transition are behind, and without the last step's end alone. The ideal
+    is cyclic (each step repeated), so this is its like for like; a two-step
+    record's last step is the first spillway has seen (docs/residency.md,
+    session 23)."""
+    ideal, steps = row.get("ideal_step_times_ns") or [], row.get("step_times_ns") or []
+    n = len(steps)
+    if row.get("oom") or n < 4 or len(ideal) != n or n != row.get("steps_in_record"):
+        return "-"
+    half = n // 2
+    den = _median(ideal[half:])
+    if not den:
+        return "-"
+    return f"{_median(steps[half:]) / den:.2f}x (steps {half}-{n - 1})"
+
+
+def steady_ideal_over_bound(row: dict) -> str:
+    """The ideal's median step over the median cyclic bound
+    (`sim_cyclic_bound_step_times_ns`), both over the last half of the
+    steps: how far the cyclic ideal may be from an optimum of the repeated
+    step. Unlike the last step's bound, the cyclic one holds for a plan
+    that moves bytes for a step in the step before."""
+    ideal, bounds = row.get("ideal_step_times_ns") or [], row.get("sim_cyclic_bound_step_times_ns") or []
+    n = len(ideal)
+    if n < 4 or len(bounds) != n:
+        return "-"
+    den = _median(bounds[n // 2:])
+    return f"{_median(ideal[n // 2:]) / den:.2f}x" if den else "-"
+
+
 def last_step_ns(row: dict) -> int | None:
-    """The last step's simulated time, if every step ran: the steady state,
-    after the policy has learned from the steps before it."""
+    """The last step's simulated time, if every step ran: after the policy
+    has learned from the steps before it (of a two-step record, the first
+    step spillway sees again; `steady_versus_ideal` for the steady state)."""
     steps = row.get("step_times_ns") or []
     if row.get("oom") or len(steps) != row.get("steps_in_record"):
         return None
@@ -252,7 +292,8 @@ def table(rows: list[dict]) -> str:
             f"| {step} | {fmt_ms(last_step_ns(r))} | {'-' if ov is None else f'{ov:+.0f}%'} "
             f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} "
             f"| {fmt_ms(r.get('ideal_step_time_ns'))} | {versus_ideal(r)} "
-            f"| {ideal_over_bound(r)} | {heaviest_step(r)} |\n")
+            f"| {ideal_over_bound(r)} | {heaviest_step(r)} | {steady_versus_ideal(r)} "
+            f"| {steady_ideal_over_bound(r)} |\n")
     return "".join(out)
 
 
@@ -265,9 +306,9 @@ trace. *OOM*: an allocation returned NULL (the step it happened in). *peak*:
 device memory the simulator handed out. *D2H / H2D*: bytes the strategy moved
 each way (the trace's own copies excluded). *step ms*: median step, in
 parentheses when the run stopped at an OOM (median of the steps that ran).
-*last step*: the trace's last step, when every step ran: the steady state,
-once spillway's policy has learned the step (with 2 steps, the median is the
-slower, first one).
+*last step*: the trace's last step, when every step ran, once spillway's
+policy has learned from the steps before (of a two-step record, the first
+step it sees again; with 2 steps, the median is the slower, first one).
 *overhead*: median step over the baseline's (strategy none, no memory limit)
 median step. *lower bound*: design.md section 9, median over steps, never
 below the baseline's same step. *stall*: sum over steps of the time above
@@ -281,7 +322,15 @@ be from an optimum (under 1.00x can happen: the ideal is cyclic and may
 move bytes for this step in the step before, which the formula charges here).
 *heaviest step*: spillway's step over the ideal's at the step where the
 ideal is slowest (its index): gpt_varlen's long batch, where the last step is
-a short one.
+a short one. *steady*: spillway's median step over the ideal's median step,
+both over the last half of the steps (records of 4 steps or more): the
+steady state of a job whose steps repeat, like for like with the cyclic
+ideal (a two-step record's last step is the first spillway has seen).
+*steady: ideal / cyclic bound*: the ideal's median over the same steps'
+median cyclic bound (`sim_cyclic_bound_step_times_ns`: the bytes live and
+read again at the step's peak less the budget cross each link once a
+repeated step, max(baseline, those bytes / link rate)), never above an
+optimum of the repeated step.
 """
 
 

@@ -37,6 +37,78 @@ struct Track {
 
 }  // namespace
 
+namespace {
+
+// Analysis::step_peak_needed, by a backward scan: going back in time, a
+// block becomes needed at a read of it and stops being needed at a write of
+// all of it (its old bytes are never read) or at its free; at the record's
+// end every live block is needed. A touch of unknown mode counts as a read.
+template <typename Live>
+void needed_peaks(Analysis& a, const Live& live_at_end) {
+  struct State {
+    uint64_t size = 0;
+    bool needed = false;
+  };
+  // A free's block size, by the free's event index (ids may be reused).
+  std::unordered_map<size_t, uint64_t> freed_size;
+  {
+    std::unordered_map<uint64_t, uint64_t> size;
+    for (size_t i = 0; i < a.events.size(); ++i) {
+      if (const auto* al = std::get_if<AllocRec>(&a.events[i])) size[al->alloc] = al->size;
+      if (const auto* f = std::get_if<FreeRec>(&a.events[i])) freed_size[i] = size[f->alloc];
+    }
+  }
+  std::unordered_map<uint64_t, State> blocks;
+  uint64_t needed = 0;
+  for (const auto& [id, t] : live_at_end) {
+    blocks[id] = {t.size, true};
+    needed += t.size;
+  }
+  a.step_peak_needed.assign(a.steps, 0);
+  auto set = [&](uint64_t id, bool want) {
+    auto it = blocks.find(id);
+    if (it == blocks.end() || it->second.needed == want) return;
+    it->second.needed = want;
+    if (want)
+      needed += it->second.size;
+    else
+      needed -= it->second.size;
+  };
+  auto touch = [&](uint64_t id, uint64_t offset, uint64_t length, uint8_t mode) {
+    auto it = blocks.find(id);
+    if (it == blocks.end()) return;
+    if (mode != kModeWrite)
+      set(id, true);
+    else if (offset == 0 && length >= it->second.size)
+      set(id, false);
+  };
+  for (size_t i = a.events.size(); i-- > 0;) {
+    const Event& ev = a.events[i];
+    if (const auto* f = std::get_if<FreeRec>(&ev)) {
+      blocks[f->alloc] = {freed_size[i], false};  // nothing after its free reads it
+    } else if (const auto* al = std::get_if<AllocRec>(&ev)) {
+      auto it = blocks.find(al->alloc);
+      if (it != blocks.end()) {
+        if (it->second.needed) needed -= it->second.size;
+        blocks.erase(it);
+      }
+    } else if (const auto* l = std::get_if<LaunchRec>(&ev)) {
+      // Writes first: a launch that reads and writes a block needs its bytes.
+      for (const TouchRec& t : l->touches)
+        if (t.mode == kModeWrite) touch(t.alloc, t.offset, t.length, t.mode);
+      for (const TouchRec& t : l->touches)
+        if (t.mode != kModeWrite) touch(t.alloc, t.offset, t.length, t.mode);
+    } else if (const auto* c = std::get_if<CopyRec>(&ev)) {
+      if (c->dst.alloc) touch(c->dst.alloc, c->dst.offset, c->bytes, kModeWrite);
+      if (c->src.alloc) touch(c->src.alloc, c->src.offset, c->bytes, kModeRead);
+    }
+    const int64_t s = a.step[i];
+    if (s >= 0) a.step_peak_needed[s] = std::max(a.step_peak_needed[s], needed);
+  }
+}
+
+}  // namespace
+
 bool analyze(const std::string& path, int layers, Analysis& a, std::string& error) {
   Reader rd;
   if (!rd.open(path)) {
@@ -164,6 +236,7 @@ bool analyze(const std::string& path, int layers, Analysis& a, std::string& erro
   if (step >= 0) end_step_layers();
   for (auto& [id, t] : track) finish(id, t);
   a.steps = static_cast<uint64_t>(step + 1);
+  needed_peaks(a, track);
 
   // The layer of each saved tensor: the span of its last forward touch.
   for (Analysis::Saved& s : a.saved) {

@@ -213,22 +213,38 @@ uint64_t env_u64(const char* name, uint64_t dflt) {
   return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
 }
 
-// design.md section 9, per step: max(compute, out / BW_d2h) for the forward
-// plus max(compute, in / BW_h2d) for the backward plus the rest of the step's
-// compute, where out = in = the bytes the budget forces off the GPU: the
-// step's peak of live requested bytes minus the budget (requested sizes,
-// before any rounding, so this stays a bound). Without phase markers:
-// max(compute, out / BW_d2h + in / BW_h2d). Never below the step's measured
-// baseline: moving memory cannot make a step faster than the same step with
-// no memory limit (the formula alone, built from kernel durations, ignores
-// the host's launch costs and fell below it). One per step of the record.
-std::vector<uint64_t> lower_bound_step_ns(const Analysis& a, uint64_t steps, uint64_t budget,
-                                          const Baseline& base) {
+// Two bounds per step of the record, neither below the step's measured
+// baseline (moving memory cannot make a step faster than the same step with
+// no memory limit; a formula built from kernel durations alone ignores the
+// host's launch costs and fell below it).
+//
+// `lower`, design.md section 9: max(compute, out / BW_d2h) for the forward
+// plus max(compute, in / BW_h2d) for the backward plus the rest of the
+// step's compute, where out = in = the bytes the budget forces off the GPU:
+// the step's peak of live requested bytes minus the budget (requested
+// sizes, before any rounding, so this stays a bound). Without phase markers:
+// max(compute, out / BW_d2h + in / BW_h2d).
+//
+// `cyclic`, for the step repeated forever (the steady state the cyclic ideal
+// plans): the bytes live and read again at the step's peak, less the budget,
+// are off the device then; in a cycle each comes in for its read and goes
+// out again, so each link carries them once a step: max(E / BW_d2h,
+// E / BW_h2d). Copies may overlap compute and each other, so nothing adds.
+// It holds for a plan that moves bytes for this step in the step before,
+// where `lower` does not; for a step that is not repeated (a record's first
+// or last) it is no bound: bytes may leave earlier and never come back.
+struct StepBounds {
+  std::vector<uint64_t> lower, cyclic;
+};
+
+StepBounds step_bounds(const Analysis& a, uint64_t steps, uint64_t budget, const Baseline& base) {
   const double d2h = env_gbps("SIMCUDA_D2H_GBPS", 55), h2d = env_gbps("SIMCUDA_H2D_GBPS", 55);
-  std::vector<uint64_t> lb;
+  auto over = [budget](uint64_t need) {
+    return need > budget ? static_cast<double>(need - budget) : 0.0;
+  };
+  StepBounds r;
   for (uint64_t s = 0; s < steps && s < a.compute_ns.size(); ++s) {
-    const uint64_t need = a.step_peak_live[s];
-    const double forced = need > budget ? static_cast<double>(need - budget) : 0.0;
+    const double forced = over(a.step_peak_live[s]);
     const double out = forced / d2h, in = forced / h2d;
     const auto& c = a.compute_ns[s];
     double t;
@@ -238,10 +254,13 @@ std::vector<uint64_t> lower_bound_step_ns(const Analysis& a, uint64_t steps, uin
     } else {
       t = std::max(static_cast<double>(c[0] + c[1] + c[2] + c[3]), out + in);
     }
+    const double needed = over(a.step_peak_needed[s]);
+    const double link = std::max(needed / d2h, needed / h2d);
     const uint64_t b = s < base.step_ns.size() ? base.step_ns[s] : base.median_step_ns;
-    lb.push_back(std::max(static_cast<uint64_t>(t), b));
+    r.lower.push_back(std::max(static_cast<uint64_t>(t), b));
+    r.cyclic.push_back(std::max(static_cast<uint64_t>(link), b));
   }
-  return lb;
+  return r;
 }
 
 uint64_t median_of(std::vector<uint64_t> v) {
@@ -467,7 +486,8 @@ int main(int argc, char** argv) {
       ideal_fits = ideal_fits && id.plan.fits;
     }
   }
-  const std::vector<uint64_t> lower_bounds = lower_bound_step_ns(a, a.steps, budget, base);
+  const StepBounds bounds = step_bounds(a, a.steps, budget, base);
+  const std::vector<uint64_t>& lower_bounds = bounds.lower;
   const uint64_t lower_bound = median_of(lower_bounds);
 
   // The report (harness/README.md has its fields), in this order.
@@ -521,6 +541,7 @@ int main(int argc, char** argv) {
   j["sim_baseline_step_time_ns"] = o.baseline_child ? median : base.median_step_ns;
   j["sim_lower_bound_step_time_ns"] = lower_bound;
   j["sim_lower_bound_step_times_ns"] = lower_bounds;
+  j["sim_cyclic_bound_step_times_ns"] = bounds.cyclic;
   if (!ideal_ns.empty()) {
     j["ideal_step_times_ns"] = ideal_ns;
     j["ideal_step_time_ns"] = ideal_ns.back();

@@ -50,6 +50,11 @@ struct Analysis {
   std::vector<int64_t> step;             // step of each event (-1: set-up)
   uint64_t peak_live_bytes = 0;          // peak of the sum of requested sizes
   std::vector<uint64_t> step_peak_live;  // the same, per step
+  // Per step, the peak of the bytes live *and read again* before their free
+  // (or live at the record's end: read in the next step, were it repeated).
+  // A byte no read needs can be dropped unmoved, so only these must be kept
+  // somewhere at each moment (the cyclic bound, main.cpp).
+  std::vector<uint64_t> step_peak_needed;
   uint64_t steps = 0;
   bool has_phases = false;
   // Per step, the summed durations of launches in each phase (0-3).

@@ -196,3 +196,45 @@ def test_equal_peak_needs_the_anchors_at_full_budget(tiny, tmp_path):
                      "spillway,torchtune", "--out", str(tmp_path / "r"), "--replay", str(REPLAY),
                      "--equal-peak"])
     assert e.value.code == 2
+
+
+def test_steady_state_is_the_median_of_the_last_half_against_the_ideals():
+    # Eight steps: the last half (steps 4-7) is 10, 12, 30, 11 ms against an
+    # ideal of 10 each; the median (11.5) over the ideal's: 1.15x, whatever
+    # the first steps or the one slow step cost.
+    ms = 1_000_000
+    row = {"steps_in_record": 8, "oom": False,
+           "step_times_ns": [90 * ms, 40 * ms, 20 * ms, 15 * ms, 10 * ms, 12 * ms, 30 * ms, 11 * ms],
+           "ideal_step_times_ns": [20 * ms] + [10 * ms] * 7}
+    assert report.steady_versus_ideal(row) == "1.15x (steps 4-7)"
+    # The ideal's median over the cyclic bound's, same steps: 10 over 8.
+    bounded = dict(row, sim_cyclic_bound_step_times_ns=[1 * ms] * 4 + [8 * ms, 9 * ms, 7 * ms, 8 * ms])
+    assert report.steady_ideal_over_bound(bounded) == "1.25x"
+    assert report.steady_ideal_over_bound(row) == "-"  # no bound reported
+    # Odd counts take the middle one: steps 2-4 of five.
+    five = dict(row, steps_in_record=5, step_times_ns=row["step_times_ns"][:5],
+                ideal_step_times_ns=row["ideal_step_times_ns"][:5])
+    assert report.steady_versus_ideal(five) == "1.50x (steps 2-4)"
+    # No steady half: two or three steps, a run that stopped, an OOM.
+    for bad in (dict(row, steps_in_record=2, step_times_ns=row["step_times_ns"][:2],
+                     ideal_step_times_ns=row["ideal_step_times_ns"][:2]),
+                dict(row, step_times_ns=row["step_times_ns"][:7]),
+                dict(row, oom=True)):
+        assert report.steady_versus_ideal(bad) == "-"
+
+
+def test_report_prints_the_steady_column_for_a_record_of_repeating_steps(tmp_path, capsys):
+    trace = write_trace(tmp_path / "six.spwt", lengths=(1, 1, 1, 1, 1, 1))
+    out = tmp_path / "report"
+    rc = report.main(["--traces", str(trace), "--budgets", "60", "--strategies", "spillway",
+                      "--out", str(out), "--replay", str(REPLAY)])
+    assert rc == 0
+    (row,) = json.loads((out / "results.json").read_text())
+    steps, ideal = row["step_times_ns"], row["ideal_step_times_ns"]
+    assert len(steps) == len(ideal) == 6
+    want = sorted(steps[3:])[1] / sorted(ideal[3:])[1]
+    bounds = row["sim_cyclic_bound_step_times_ns"]
+    assert len(bounds) == 6 and all(b > 0 for b in bounds)
+    over = sorted(ideal[3:])[1] / sorted(bounds[3:])[1]
+    assert over >= 1.0  # a bound: never above the ideal's plan of the repeated step
+    assert f"| {want:.2f}x (steps 3-5) | {over:.2f}x |" in (out / "report.md").read_text()

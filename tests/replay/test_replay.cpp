@@ -125,6 +125,19 @@ void write_transformer(const std::string& path, const Shape& s) {
   ASSERT_TRUE(w.close()) << w.error();
 }
 
+// Both links at `gbps` GB/s for the replays of one test (the replayer and
+// the simulator read SIMCUDA_*_GBPS), so that copies outlast compute.
+struct SlowLink {
+  explicit SlowLink(const char* gbps) {
+    setenv("SIMCUDA_D2H_GBPS", gbps, 1);
+    setenv("SIMCUDA_H2D_GBPS", gbps, 1);
+  }
+  ~SlowLink() {
+    unsetenv("SIMCUDA_D2H_GBPS");
+    unsetenv("SIMCUDA_H2D_GBPS");
+  }
+};
+
 class ReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -190,16 +203,7 @@ TEST_F(ReplayTest, FullBudgetCompletesWithoutEvictionsAndReportsSimulatedTimes) 
 // link (2 GB/s each way, in the runs and in the bound's formula) makes the
 // forced bytes cost more than this small trace's compute.
 TEST_F(ReplayTest, EachStepHasItsLowerBoundAndItRisesAsTheBudgetFalls) {
-  struct SlowLink {
-    SlowLink() {
-      setenv("SIMCUDA_D2H_GBPS", "2", 1);
-      setenv("SIMCUDA_H2D_GBPS", "2", 1);
-    }
-    ~SlowLink() {
-      unsetenv("SIMCUDA_D2H_GBPS");
-      unsetenv("SIMCUDA_H2D_GBPS");
-    }
-  } slow;
+  SlowLink slow("2");
   Result full = replay({"--budget", "100%", "--no-data"});
   Result tight = replay({"--budget", "40%", "--no-data"});
   ASSERT_EQ(full.exit_code, 0) << full.err;
@@ -223,6 +227,49 @@ TEST_F(ReplayTest, EachStepHasItsLowerBoundAndItRisesAsTheBudgetFalls) {
   char last[64];
   std::snprintf(last, sizeof last, "the last step's lower bound %.3f ms", t[2] / 1e6);
   EXPECT_NE(tight.out.find(last), std::string::npos) << tight.out;
+}
+
+// The cyclic bound counts the bytes a later read needs, not all live bytes:
+// per step a weight W (1 MiB, read in every step, live at the end) and four
+// 4 MiB blocks made at once, three read back and one (D) never read. At the
+// peak 17 MiB are live but 13 MiB needed; with an 8 MiB budget 5 MiB must
+// cross each link once a step, which at 1 GB/s outlasts the step's compute.
+TEST_F(ReplayTest, TheCyclicBoundCountsOnlyBytesReadAgain) {
+  SlowLink slow("1");
+  const std::string path = (dir_ / "dead.spwt").string();
+  {
+    Writer w;
+    ASSERT_TRUE(w.open(path, R"({"source":"test"})"));
+    ASSERT_TRUE(w.string(1, "k"));
+    uint64_t next = 1;
+    const uint64_t W = next++;
+    ASSERT_TRUE(w.alloc(W, 1 * MiB, 0, 0));
+    auto launch = [&](std::vector<TouchRec> t) { return w.launch(0, 1, 10000, t); };
+    ASSERT_TRUE(launch({{W, 0, 1 * MiB, kModeWrite}}));
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(w.step(step));
+      std::vector<uint64_t> blocks;
+      for (int i = 0; i < 4; ++i) {
+        blocks.push_back(next++);
+        ASSERT_TRUE(w.alloc(blocks.back(), 4 * MiB, 0, 0));
+        ASSERT_TRUE(launch({{W, 0, 1 * MiB, kModeRead}, {blocks.back(), 0, 4 * MiB, kModeWrite}}));
+      }
+      for (int i = 0; i < 3; ++i)  // D, the last, is never read
+        ASSERT_TRUE(launch({{blocks[i], 0, 4 * MiB, kModeRead}}));
+      for (uint64_t b : blocks) ASSERT_TRUE(w.free(b, 0));
+    }
+    ASSERT_TRUE(w.close()) << w.error();
+  }
+  Result r = replay({"--budget", std::to_string(8 * MiB), "--no-data"}, path);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::vector<double> cyclic = r.nums("sim_cyclic_bound_step_times_ns");
+  const std::vector<double> classic = r.nums("sim_lower_bound_step_times_ns");
+  ASSERT_EQ(cyclic.size(), 2u) << r.json;
+  ASSERT_EQ(classic.size(), 2u) << r.json;
+  for (size_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(cyclic[s], 5.0 * MiB) << s;   // 5 MiB at 1 byte a nanosecond
+    EXPECT_GT(classic[s], cyclic[s]) << s;  // 9 MiB live over the budget, out then in
+  }
 }
 
 // At a budget equal to the unconstrained peak nothing needs to move: the
