@@ -494,6 +494,7 @@ enum class Window { kNone, kSolo, kBidir };
 struct Config {
   bool ready_first = true;
   Window window = Window::kSolo;
+  uint64_t cap = 0;  // the sweep's and placement's: P.cap, or lower (sweep_margins)
 };
 
 class Planner {
@@ -505,7 +506,7 @@ class Planner {
   std::vector<Draft> sweep(const Config& c, const std::vector<int64_t>& desired);
   // Places the prefetches of `d` (see the file's comment); fills `desired`
   // with the launches the H2D queue alone asks for.
-  void place(std::vector<Draft>& d, std::vector<int64_t>& desired);
+  void place(std::vector<Draft>& d, std::vector<int64_t>& desired, uint64_t cap);
 
  private:
   // Latest launch in (a, u] from which a copy of `ns` lands by u's start.
@@ -643,7 +644,7 @@ std::vector<Draft> Planner::sweep(const Config& c, const std::vector<int64_t>& d
       if (e.version == ver[e.block] && st[e.block] == St::kIn)
         ready.push({gap_key(e.block, i), P.bytes(e.block), e.block, e.version});
     }
-    while (cur > P.cap) {
+    while (cur > c.cap) {
       int64_t v = c.ready_first ? pop_from(ready, i) : kNone;
       if (v == kNone) v = pop_from(any, i);
       if (v != kNone) {
@@ -717,7 +718,7 @@ std::vector<Draft> Planner::sweep(const Config& c, const std::vector<int64_t>& d
   return drafts;
 }
 
-void Planner::place(std::vector<Draft>& drafts, std::vector<int64_t>& desired) {
+void Planner::place(std::vector<Draft>& drafts, std::vector<int64_t>& desired, uint64_t cap) {
   const uint32_t L = P.L;
   std::vector<int64_t> diff(L + 1, 0);
   auto add = [&](int64_t lo, int64_t hi, int64_t v) {  // canonical, may wrap
@@ -739,7 +740,7 @@ void Planner::place(std::vector<Draft>& drafts, std::vector<int64_t>& desired) {
   int64_t run = 0;
   for (uint32_t i = 0; i < L; ++i) level[i] = run += diff[i];
   Residency res(level);
-  const int64_t limit = static_cast<int64_t>(P.cap);
+  const int64_t limit = static_cast<int64_t>(cap);
 
   // Moves the cap does not need, largest first: the sweep evicts before it
   // knows what later launches evict (a carried block's wrapped gap taken in
@@ -818,29 +819,45 @@ Plan plan_step(const StepModel& m, const PlanOptions& o) {
   if (best.fits || P.L == 0) return best;
   Planner planner(P);
   bool have = false;
-  for (bool ready_first : {true, false}) {
-    for (Window w : {Window::kSolo, Window::kBidir, Window::kNone}) {
-      // Later rounds reserve the windows the H2D queue asked for in the
-      // round before; they stop at the first that is no better (more often
-      // than not the first: when the link is the bottleneck, wider windows
-      // only evict more).
-      std::vector<int64_t> desired;
-      Plan last;
-      for (int round = 0; round < 3; ++round) {
-        std::vector<Draft> drafts = planner.sweep({ready_first, w}, desired);
-        desired.assign(P.anchors.size(), kNone);
-        planner.place(drafts, desired);
-        Plan p = replay(P, drafts);
-        const bool improved = round == 0 || better(p, last);
-        if (!have || better(p, best)) {
-          p.moves = to_moves(P, drafts);
-          best = p;
-          have = true;
-        }
-        if (!improved) break;
-        last = std::move(p);
+  Config won;
+  // One candidate family: a sweep, placement, then up to two more rounds
+  // that reserve the windows the H2D queue asked for in the round before;
+  // they stop at the first that is no better (more often than not the
+  // first: when the link is the bottleneck, wider windows only evict more).
+  auto family = [&](const Config& c) {
+    std::vector<int64_t> desired;
+    Plan last;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Draft> drafts = planner.sweep(c, desired);
+      desired.assign(P.anchors.size(), kNone);
+      planner.place(drafts, desired, c.cap);
+      Plan p = replay(P, drafts);
+      const bool improved = round == 0 || better(p, last);
+      if (!have || better(p, best)) {
+        p.moves = to_moves(P, drafts);
+        best = p;
+        have = true;
+        won = c;
       }
+      if (!improved) break;
+      last = std::move(p);
     }
+  };
+  for (bool ready_first : {true, false})
+    for (Window w : {Window::kSolo, Window::kBidir, Window::kNone}) family({ready_first, w, P.cap});
+  // Sweeps under a lower cap: Belady with sizes evicts at the last moment,
+  // and a tighter sweep makes room earlier, for prefetch windows and the
+  // next launches' allocations; each plan is still judged at the true cap.
+  const Config won_at_cap = won;
+  for (double margin : o.sweep_margins) {
+    if (!(margin > 0 && margin < 1)) continue;
+    const auto cap = static_cast<uint64_t>(static_cast<double>(P.cap) * (1.0 - margin));
+    if (!o.thorough) {
+      family({won_at_cap.ready_first, won_at_cap.window, cap});
+      continue;
+    }
+    for (bool ready_first : {true, false})
+      for (Window w : {Window::kSolo, Window::kBidir, Window::kNone}) family({ready_first, w, cap});
   }
   return best;
 }

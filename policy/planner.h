@@ -74,6 +74,17 @@ struct PlanOptions {
   // makes VMM calls one at a time (docs/gpu.md run 19): swaps and the
   // StepModel's host_extra_ns and fetch_extra_ns take turns.
   uint64_t move_host_ns = 0;
+  // Besides the sweeps at the cap (budget - headroom), sweeps at the cap
+  // less these fractions, each plan still judged at the true cap: evicting
+  // at the last moment (Belady) leaves no room for prefetch windows. On the
+  // eight-step records they cut the predicted step by up to 15% (vit_b16,
+  // llama7b at 40%; docs/residency.md, session 23).
+  std::vector<double> sweep_margins{0.03, 0.06, 0.10, 0.15};
+  // false: at each margin only the variant (ready victims first or not,
+  // prefetch window) that won at the cap (about 2.2x the time of the cap's
+  // sweeps alone on the largest model, for the shim's mover); true: every
+  // variant at every margin (5x: the replayer's ideal, offline).
+  bool thorough = false;
 };
 
 struct Move {

@@ -458,6 +458,7 @@ int main(int argc, char** argv) {
     po.d2h_bytes_per_ns = env_gbps("SIMCUDA_D2H_GBPS", 55);
     po.h2d_bytes_per_ns = env_gbps("SIMCUDA_H2D_GBPS", 55);
     po.bidir_bytes_per_ns = env_gbps("SIMCUDA_BIDIR_GBPS", 45);
+    po.thorough = true;  // offline: every candidate the planner has
     // A move's swap, as the sim charges it (SIMCUDA_VMM_NS, SIMCUDA_CALL_NS):
     // an unmap, a map and an access grant, one host piece.
     po.move_host_ns = simcuda_call_cost_ns("cuMemUnmap") + simcuda_call_cost_ns("cuMemMap") +
