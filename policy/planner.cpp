@@ -3,9 +3,11 @@
 // The problem is offline caching with sizes and transfer times: exact
 // optimisation is an integer program, far too slow for a step of thousands of
 // launches at each relearn. So the planner builds a few plans with fast
-// heuristics (6 to 18 candidates, each O((L + G + uses) log)) and keeps the
-// one its own replay (`predict`) says is best: fits first, then least stall,
-// then fewest bytes moved. The replay is what the plans are judged by, so a
+// heuristics (6 to 18 candidates at the cap, then up to 3 at each of
+// `sweep_margins`' lower caps for the variant that won, or 18 at each when
+// `thorough`; each O((L + G + uses) log)) and keeps the one its own replay
+// (`predict`) says is best: fits first, then least stall, then fewest bytes
+// moved. The replay is what the plans are judged by, so a
 // heuristic that is wrong for some shape of step costs only the time to try
 // it. A step that fits without moves gets none.
 //
