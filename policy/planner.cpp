@@ -815,6 +815,26 @@ bool better(const Plan& a, const Plan& b) {
 
 }  // namespace
 
+bool same_step(const StepModel& a, const StepModel& b, uint32_t within) {
+  auto near = [within](uint64_t x, uint64_t y) {
+    return std::max(x, y) - std::min(x, y) <= std::max(x, y) / std::max<uint32_t>(within, 1);
+  };
+  if (a.launch_ns.size() != b.launch_ns.size() || a.blocks.size() != b.blocks.size() ||
+      a.launch_host_ns != b.launch_host_ns || !near(a.pinned_bytes, b.pinned_bytes) ||
+      a.host_extra_ns != b.host_extra_ns || a.fetch_extra_ns != b.fetch_extra_ns)
+    return false;
+  const uint64_t ta = std::accumulate(a.launch_ns.begin(), a.launch_ns.end(), uint64_t{0});
+  const uint64_t tb = std::accumulate(b.launch_ns.begin(), b.launch_ns.end(), uint64_t{0});
+  if (!near(ta, tb)) return false;
+  for (size_t i = 0; i < a.blocks.size(); ++i) {
+    const StepModel::Block &x = a.blocks[i], &y = b.blocks[i];
+    if (x.id != y.id || x.bytes != y.bytes || x.alloc != y.alloc || x.free != y.free ||
+        x.carried != y.carried || x.uses != y.uses)
+      return false;
+  }
+  return true;
+}
+
 Plan plan_step(const StepModel& m, const PlanOptions& o) {
   const Prep P(m, o);
   Plan best = replay(P, {});

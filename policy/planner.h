@@ -121,6 +121,12 @@ struct Plan {
   uint64_t bytes_in = 0;   // host-to-device bytes per step
 };
 
+// Whether `b` is the step `a` again, as far as a plan goes: the same blocks
+// in the same order (names, sizes, live ranges, uses) and the same number of
+// launches, whose total time and pinned bytes differ by at most 1/`within`
+// (measured durations vary from step to step; a plan does not hinge on them).
+bool same_step(const StepModel& a, const StepModel& b, uint32_t within);
+
 // The plan for the model's next step.
 Plan plan_step(const StepModel& m, const PlanOptions& o);
 

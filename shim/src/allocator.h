@@ -293,7 +293,10 @@ class Allocator final : public AccessSink, private DeviceRoom {
     uint64_t generation = 0;
   };
   std::optional<PlanJob> plan_job_;  // for the mover to plan
-  uint64_t plan_generation_ = 0;     // step marks that asked for a plan
+  // The model the plan being followed was made from (install_plan): a step
+  // learned like it keeps the plan rather than planning again (make_plan).
+  std::optional<policy::StepModel> planned_model_;
+  uint64_t plan_generation_ = 0;  // step marks that asked for a plan
   std::unique_ptr<Mover> mover_;
   Worker reserver_;                 // grow_host_reserve's thread (SPILLWAY_HOST_RESERVE)
   bool mover_has_context_ = false;  // the mover's thread has the context current

@@ -1507,6 +1507,42 @@ TEST_F(AllocatorTest, AStepPlanEvictsAndPrefetchesAtTheLaunchesItNames) {
   f.free_all();
 }
 
+// A step learned like the plan's keeps the plan: no second plan is made
+// (planning again costs the mover's thread, and installs mid-step a plan
+// like the one followed), and the kept plan is still carried out. A step
+// that differs plans again.
+TEST_F(AllocatorTest, AStepLikeThePlansKeepsThePlan) {
+  plan_ = true;
+  auto a = make(4 * FourBlocks::kSize);
+  ASSERT_NE(nullptr, a);
+  FourBlocks f{*this, *a};
+  f.start();
+  f.steps(3);
+  ASSERT_EQ(1u, a->stats().plans_made);
+  EXPECT_EQ(0u, a->stats().plans_kept);
+  const uint64_t on_demand = observed_.bytes(false, spillway::Cause::kOnDemand);
+  for (int step = 0; step < 3; ++step) {
+    const uint64_t prefetches = a->stats().planned_prefetches;
+    f.steps(1);
+    EXPECT_LT(prefetches, a->stats().planned_prefetches) << "the kept plan was not carried out";
+  }
+  EXPECT_EQ(on_demand, observed_.bytes(false, spillway::Cause::kOnDemand));
+  EXPECT_EQ(1u, a->stats().plans_made);
+  EXPECT_EQ(3u, a->stats().plans_kept);
+  // A step with one more launch: not the plan's step, so a new plan after
+  // two such steps.
+  for (int step = 0; step < 3; ++step) {
+    f.touch(0);
+    f.middle();
+    f.touch(1);
+    f.touch(0);
+    a->mark_step(f.seq);
+  }
+  EXPECT_EQ(2u, a->stats().plans_made);
+  EXPECT_EQ(0u, mismatches());
+  f.free_all();
+}
+
 // A plan is carried into the step after two alike ones, which may not be
 // like them (a batch of other sequence lengths): once the step's allocations
 // stray from those of the plan's step, the plan is dropped, and nothing it

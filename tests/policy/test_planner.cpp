@@ -417,6 +417,27 @@ TEST(Planner, SweepsUnderALowerCapFindPlansThatStallLess) {
   EXPECT_GE(better_with_margins, 1);  // 2 of these 24 (the committed records gain more)
 }
 
+// A step learned like the plan's keeps the plan (the allocator's make_plan):
+// measured times may drift a little, the blocks and their uses may not.
+TEST(Planner, SameStepToleratesTimesNotBlocks) {
+  const StepModel a = random_step(300, 80, 5);
+  EXPECT_TRUE(same_step(a, a, 20));
+  StepModel slower = a;
+  for (uint64_t& ns : slower.launch_ns) ns = ns * 103 / 100;
+  EXPECT_TRUE(same_step(a, slower, 20));  // 3% within 1/20
+  for (uint64_t& ns : slower.launch_ns) ns = ns * 110 / 100;
+  EXPECT_FALSE(same_step(a, slower, 20));
+  StepModel used = a;
+  used.blocks[7].uses.back() += 1;
+  EXPECT_FALSE(same_step(a, used, 20));
+  StepModel bigger = a;
+  bigger.blocks[3].bytes += 2 << 20;
+  EXPECT_FALSE(same_step(a, bigger, 20));
+  StepModel longer = a;
+  longer.launch_ns.push_back(1000);
+  EXPECT_FALSE(same_step(a, longer, 20));
+}
+
 TEST(Planner, TheSameModelGivesTheSamePlan) {
   const StepModel m = random_step(300, 80, 7);
   PlanOptions o;
