@@ -233,6 +233,16 @@ def _median(xs: list[int]) -> float:
     return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
+def _steady_ratio(num: list[int], den: list[int]) -> float | None:
+    """The median of `num`'s last half over `den`'s, both of the same steps
+    (4 or more), or None."""
+    n = len(num)
+    if n < 4 or len(den) != n:
+        return None
+    d = _median(den[n // 2:])
+    return _median(num[n // 2:]) / d if d else None
+
+
 def steady_versus_ideal(row: dict) -> str:
     """spillway's median step over the ideal's median, both over the last
     half of the record's steps: the steady state of a record of repeating
@@ -241,15 +251,12 @@ def steady_versus_ideal(row: dict) -> str:
     is cyclic (each step repeated), so this is its like for like; a two-step
     record's last step is the first spillway has seen (docs/residency.md,
     session 23)."""
-    ideal, steps = row.get("ideal_step_times_ns") or [], row.get("step_times_ns") or []
+    steps = row.get("step_times_ns") or []
+    if row.get("oom") or len(steps) != row.get("steps_in_record"):
+        return "-"
+    r = _steady_ratio(steps, row.get("ideal_step_times_ns") or [])
     n = len(steps)
-    if row.get("oom") or n < 4 or len(ideal) != n or n != row.get("steps_in_record"):
-        return "-"
-    half = n // 2
-    den = _median(ideal[half:])
-    if not den:
-        return "-"
-    return f"{_median(steps[half:]) / den:.2f}x (steps {half}-{n - 1})"
+    return "-" if r is None else f"{r:.2f}x (steps {n // 2}-{n - 1})"
 
 
 def steady_ideal_over_bound(row: dict) -> str:
@@ -258,12 +265,9 @@ def steady_ideal_over_bound(row: dict) -> str:
     steps: how far the cyclic ideal may be from an optimum of the repeated
     step. Unlike the last step's bound, the cyclic one holds for a plan
     that moves bytes for a step in the step before."""
-    ideal, bounds = row.get("ideal_step_times_ns") or [], row.get("sim_cyclic_bound_step_times_ns") or []
-    n = len(ideal)
-    if n < 4 or len(bounds) != n:
-        return "-"
-    den = _median(bounds[n // 2:])
-    return f"{_median(ideal[n // 2:]) / den:.2f}x" if den else "-"
+    r = _steady_ratio(row.get("ideal_step_times_ns") or [],
+                      row.get("sim_cyclic_bound_step_times_ns") or [])
+    return "-" if r is None else f"{r:.2f}x"
 
 
 def last_step_ns(row: dict) -> int | None:

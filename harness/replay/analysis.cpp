@@ -35,29 +35,18 @@ struct Track {
   bool bwd_read = false;
 };
 
-}  // namespace
-
-namespace {
-
 // Analysis::step_peak_needed, by a backward scan: going back in time, a
 // block becomes needed at a read of it and stops being needed at a write of
 // all of it (its old bytes are never read) or at its free; at the record's
 // end every live block is needed. A touch of unknown mode counts as a read.
-template <typename Live>
-void needed_peaks(Analysis& a, const Live& live_at_end) {
+// `freed_size`: each free's block size, by the free's event index (ids may
+// be reused), from analyze's forward pass.
+void needed_peaks(Analysis& a, const std::unordered_map<uint64_t, Track>& live_at_end,
+                  const std::unordered_map<size_t, uint64_t>& freed_size) {
   struct State {
     uint64_t size = 0;
     bool needed = false;
   };
-  // A free's block size, by the free's event index (ids may be reused).
-  std::unordered_map<size_t, uint64_t> freed_size;
-  {
-    std::unordered_map<uint64_t, uint64_t> size;
-    for (size_t i = 0; i < a.events.size(); ++i) {
-      if (const auto* al = std::get_if<AllocRec>(&a.events[i])) size[al->alloc] = al->size;
-      if (const auto* f = std::get_if<FreeRec>(&a.events[i])) freed_size[i] = size[f->alloc];
-    }
-  }
   std::unordered_map<uint64_t, State> blocks;
   uint64_t needed = 0;
   for (const auto& [id, t] : live_at_end) {
@@ -65,27 +54,24 @@ void needed_peaks(Analysis& a, const Live& live_at_end) {
     needed += t.size;
   }
   a.step_peak_needed.assign(a.steps, 0);
-  auto set = [&](uint64_t id, bool want) {
-    auto it = blocks.find(id);
-    if (it == blocks.end() || it->second.needed == want) return;
-    it->second.needed = want;
-    if (want)
-      needed += it->second.size;
-    else
-      needed -= it->second.size;
-  };
   auto touch = [&](uint64_t id, uint64_t offset, uint64_t length, uint8_t mode) {
     auto it = blocks.find(id);
     if (it == blocks.end()) return;
-    if (mode != kModeWrite)
-      set(id, true);
-    else if (offset == 0 && length >= it->second.size)
-      set(id, false);
+    State& b = it->second;
+    const bool whole_write = mode == kModeWrite && offset == 0 && length >= b.size;
+    if (mode == kModeWrite && !whole_write) return;  // a part written: the rest may be read
+    const bool want = !whole_write;
+    if (b.needed == want) return;
+    b.needed = want;
+    if (want)
+      needed += b.size;
+    else
+      needed -= b.size;
   };
   for (size_t i = a.events.size(); i-- > 0;) {
     const Event& ev = a.events[i];
     if (const auto* f = std::get_if<FreeRec>(&ev)) {
-      blocks[f->alloc] = {freed_size[i], false};  // nothing after its free reads it
+      blocks[f->alloc] = {freed_size.at(i), false};  // nothing after its free reads it
     } else if (const auto* al = std::get_if<AllocRec>(&ev)) {
       auto it = blocks.find(al->alloc);
       if (it != blocks.end()) {
@@ -160,7 +146,8 @@ bool analyze(const std::string& path, int layers, Analysis& a, std::string& erro
   int64_t step = -1;
   uint64_t live = 0;
   std::unordered_map<uint64_t, Track> track;
-  std::vector<size_t> fwd_launches;  // of the current step
+  std::unordered_map<size_t, uint64_t> freed_size;  // by the free's event index
+  std::vector<size_t> fwd_launches;                 // of the current step
   auto finish = [&](uint64_t id, const Track& t) {
     if (!t.fwd_alloc || !t.bwd_read || t.first_bwd == SIZE_MAX) return;
     Analysis::Saved s;
@@ -221,6 +208,7 @@ bool analyze(const std::string& path, int layers, Analysis& a, std::string& erro
     } else if (auto* f = std::get_if<FreeRec>(&ev)) {
       auto it = track.find(f->alloc);
       live -= it->second.size;
+      freed_size[i] = it->second.size;
       finish(f->alloc, it->second);
       track.erase(it);
     } else if (auto* l = std::get_if<LaunchRec>(&ev)) {
@@ -236,7 +224,7 @@ bool analyze(const std::string& path, int layers, Analysis& a, std::string& erro
   if (step >= 0) end_step_layers();
   for (auto& [id, t] : track) finish(id, t);
   a.steps = static_cast<uint64_t>(step + 1);
-  needed_peaks(a, track);
+  needed_peaks(a, track, freed_size);
 
   // The layer of each saved tensor: the span of its last forward touch.
   for (Analysis::Saved& s : a.saved) {

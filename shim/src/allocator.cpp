@@ -902,7 +902,8 @@ void Allocator::make_plan() {
   // that the mover's own evictions start only where the plan is wrong.
   po.headroom = budget_.gpu() - budget_.high();
   if (!mover_) {
-    install_plan(m, policy::plan_step(m, po));
+    const policy::Plan plan = policy::plan_step(m, po);
+    install_plan(std::move(m), plan);
     return;
   }
   // The steps repeat: the last plan serves this one from its start until
@@ -940,20 +941,20 @@ void Allocator::plan_in_background() {
   if (!job) return;
   const policy::Plan p = policy::plan_step(job->model, job->options);
   std::lock_guard lk(mu_);
-  if (job->generation == plan_generation_) install_plan(job->model, p);
+  if (job->generation == plan_generation_) install_plan(std::move(job->model), p);
 }
 
-void Allocator::install_plan(const policy::StepModel& m, const policy::Plan& p) {
+void Allocator::install_plan(policy::StepModel m, const policy::Plan& p) {
   // Installed during the step (by the mover): the moves already due are
   // taken at the next launch, but for those whose gap is over.
   plan_.start(m, p);
-  planned_model_ = m;
   ++s_.plans_made;
   log::debug(
       "device {}: step plan of {} launches ({} timed), {} blocks: {} moves, {} out, {} in, "
       "predicted step {} ns (simulated on a GPU's rules), fits {}",
       o_.device, m.launch_ns.size(), times_.measured(), m.blocks.size(), p.moves.size(),
       format_bytes(p.bytes_out), format_bytes(p.bytes_in), p.step_ns, p.fits);
+  planned_model_ = std::move(m);
   check_plan_still_fits();
 }
 

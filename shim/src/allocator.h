@@ -246,7 +246,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // On its own thread: host memory created ahead of evictions
   // (AllocatorOptions::host_reserve) once the budget was crossed.
   void grow_host_reserve();
-  void install_plan(const policy::StepModel& m, const policy::Plan& p);
+  void install_plan(policy::StepModel m, const policy::Plan& p);
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
