@@ -187,9 +187,10 @@ def integrity(row: dict) -> str:
 TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
               "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms "
               "| ideal last step ms | spillway / ideal (time, bytes) | ideal / last step's bound "
-              "| heaviest step: spillway / ideal | steady: spillway / ideal | steady: ideal / cyclic bound |\n"
+              "| heaviest step: spillway / ideal | steady: spillway / ideal | steady: ideal / cyclic bound "
+              "| steady: ideal / LP bound |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-              "| --- | --- | --- | --- | --- | --- |\n")
+              "| --- | --- | --- | --- | --- | --- | --- |\n")
 
 
 def versus_ideal(row: dict) -> str:
@@ -270,6 +271,41 @@ def steady_ideal_over_bound(row: dict) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
+def steady_over_lp_bound(row: dict) -> str:
+    """The ideal's mean step over the LP bound's (`lp_bound`,
+    harness/lp_bound.py: the window of the last half of the steps, a bound on
+    the time of any plan of the ideal's class over that window, and never
+    below the baseline): how far the ideal may be from an optimum. Means,
+    since the bound is one of the window's sum; '-' where report.py
+    --lp-bound did not compute it."""
+    lp = row.get("lp_bound")
+    ideal = row.get("ideal_step_times_ns") or []
+    if not lp or len(ideal) != row.get("steps_in_record"):
+        return "-"
+    first, last = lp["steps"]
+    bound = max(lp["per_step_ns"], row.get("sim_baseline_step_time_ns") or 0)
+    return f"{sum(ideal[first:last + 1]) / (last - first + 1) / bound:.2f}x"
+
+
+def add_lp_bounds(rows: list[dict]) -> None:
+    """Each spillway row of a record of 4 steps or more under pressure gets
+    `lp_bound` (harness/lp_bound.py) of the last half of its steps."""
+    import lp_bound
+    records = {}
+    for r in rows:
+        n = r.get("steps_in_record") or 0
+        if r["strategy"] != "spillway" or n < 4 or r.get("oom") or r.get("budget_pct", 100) >= 100:
+            continue
+        path = r["record"]
+        if path not in records:
+            records[path] = lp_bound.load(path)
+        t0 = time.monotonic()
+        r["lp_bound"] = lp_bound.bound(records[path], r["budget_bytes"], n // 2, n - 1)
+        log(f"LP bound: {r['trace_name']} {r['budget_label']}: a step >= "
+            f"{r['lp_bound']['per_step_ns'] / 1e6:.3f} ms simulated "
+            f"({time.monotonic() - t0:.0f} s wall)")
+
+
 def last_step_ns(row: dict) -> int | None:
     """The last step's simulated time, if every step ran: after the policy
     has learned from the steps before it (of a two-step record, the first
@@ -297,7 +333,7 @@ def table(rows: list[dict]) -> str:
             f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} "
             f"| {fmt_ms(r.get('ideal_step_time_ns'))} | {versus_ideal(r)} "
             f"| {ideal_over_bound(r)} | {heaviest_step(r)} | {steady_versus_ideal(r)} "
-            f"| {steady_ideal_over_bound(r)} |\n")
+            f"| {steady_ideal_over_bound(r)} | {steady_over_lp_bound(r)} |\n")
     return "".join(out)
 
 
@@ -334,7 +370,12 @@ ideal (a two-step record's last step is the first spillway has seen).
 median cyclic bound (`sim_cyclic_bound_step_times_ns`: the bytes live and
 read again at the step's peak less the budget cross each link once a
 repeated step, max(baseline, those bytes / link rate)), never above an
-optimum of the repeated step.
+optimum of the repeated step. *steady: ideal / LP bound*: the ideal's mean
+step over the same steps against the LP bound (`--lp-bound`:
+harness/lp_bound.py, the linear relaxation of every plan of the ideal's
+class over those steps, with the copy engines' rates and each block's
+windows; never above what such a plan achieves, nor below the baseline),
+'-' without it.
 """
 
 
@@ -640,6 +681,9 @@ def main(argv=None) -> int:
     ap.add_argument("--equal-peak", action="store_true",
                     help="then replay spillway with its budget at each anchor's peak at 100%% "
                          "(needs budget 100 and the anchors among the strategies)")
+    ap.add_argument("--lp-bound", action="store_true",
+                    help="the LP bound (harness/lp_bound.py, needs scipy) of each spillway run of "
+                         "a record of 4 steps or more under 100%%: seconds to minutes each")
     raw = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(raw)
     given = {x.split("=")[0] for x in raw}
@@ -675,6 +719,8 @@ def main(argv=None) -> int:
                           set(parse_list(a.no_data_traces)), a.steps, a.jobs)
         pairs = (run_equal_peak(binary, rows, out, set(parse_list(a.no_data_traces)), a.steps,
                                 a.jobs) if a.equal_peak else None)
+        if a.lp_bound:
+            add_lp_bounds(rows)
     except ReplayError as e:
         log(str(e))
         return 1

@@ -7,7 +7,8 @@ packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libspdlog-de
           libunwind-dev libcli11-dev nlohmann-json3-dev python3 python3-pytest
           pkg-config python3-venv python3-pip python3-setuptools python3-wheel  # tests/install
           clang libclang-rt-14-dev  # the libFuzzer targets (fuzz/run.sh, .ci/run)
-          python3-torch python3-torchvision python3-numpy python3-matplotlib)  # the trace recorder and its tests
+          python3-torch python3-torchvision python3-numpy python3-matplotlib  # the trace recorder and its tests
+          python3-scipy)  # harness/lp_bound.py (HiGHS) and its tests
 
 missing=()
 for p in "${packages[@]}"; do

@@ -238,3 +238,20 @@ def test_report_prints_the_steady_column_for_a_record_of_repeating_steps(tmp_pat
     over = sorted(ideal[3:])[1] / sorted(bounds[3:])[1]
     assert over >= 1.0  # a bound: never above the ideal's plan of the repeated step
     assert f"| {want:.2f}x (steps 3-5) | {over:.2f}x |" in (out / "report.md").read_text()
+
+
+def test_report_with_lp_bound_prints_the_ideal_over_it(tmp_path):
+    trace = write_trace(tmp_path / "six.spwt", lengths=(1, 1, 1, 1, 1, 1))
+    out = tmp_path / "report"
+    rc = report.main(["--traces", str(trace), "--budgets", "60", "--strategies", "spillway",
+                      "--out", str(out), "--replay", str(REPLAY), "--lp-bound"])
+    assert rc == 0
+    (row,) = json.loads((out / "results.json").read_text())
+    lp = row["lp_bound"]
+    assert lp["steps"] == [3, 5]
+    bound = max(lp["per_step_ns"], row["sim_baseline_step_time_ns"])
+    ideal = sum(row["ideal_step_times_ns"][3:]) / 3
+    assert ideal >= bound  # a bound on any plan of the ideal's class over those steps
+    assert f"| {ideal / bound:.2f}x |" in (out / "report.md").read_text()
+    # Without --lp-bound the column is empty.
+    assert report.steady_over_lp_bound(dict(row, lp_bound=None)) == "-"
