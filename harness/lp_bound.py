@@ -3,7 +3,8 @@
 linear relaxation of every plan (docs/performance.md, "The LP bound").
 
     lp_bound.py RECORD (--budget BYTES | --replay-json REPLAY.json) [--steps A-B]
-        [--points 50] [--min-block 1048576] [--granule 2097152] [--drop-dead] [--json OUT]
+        [--points 50] [--min-block 1048576] [--granule 2097152] [--pack-tails] [--drop-dead]
+        [--json OUT]
 
 Any plan that keeps the job within the budget, moving blocks of --min-block
 bytes or more, each in whole --granule (spillway's and the replayer's
@@ -56,6 +57,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spillway_record as st  # noqa: E402
 
 READ, PARTIAL, WHOLE = 0, 1, 2
+# The program's units, so that HiGHS sees numbers near 1: bytes in MiB,
+# stalls in microseconds.
+MIB, US = float(1 << 20), 1e3
 
 
 @dataclass
@@ -75,7 +79,7 @@ class Record:
 
 
 def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
-         min_block: int = 1 << 20) -> Record:
+         min_block: int = 1 << 20, pack_tails: bool = False) -> Record:
     """The record at `path`. keep_bytes: the class of plans that keep every
     byte of a block until its free (spillway's contract: it cannot know that
     a block will not be read, so it moves bytes only by copying them);
@@ -83,7 +87,10 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
     block after its last read, before a whole write of it) at no cost.
     Blocks of min_block bytes or more hold a whole number of granules, as
     each of spillway's large blocks is its own mapping (the replayer's ideal
-    counts them so too); granule 1: exact sizes, plans that pack blocks."""
+    counts them so too); granule 1: exact sizes, plans that pack blocks.
+    pack_tails: a design that packs blocks: a block of a granule or more
+    moves its whole granules and keeps the rest (under a granule, sharing a
+    granule with other blocks' tails) resident; smaller ones as above."""
     meta, recs = st.read(path)
     kinds, launch_at = [], []
     for r in recs:
@@ -99,6 +106,7 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
     n = len(kinds)
     step = -1
     size, accesses, born = {}, {}, {}  # live block -> its size, accesses [(event, kind)], alloc
+    tails = {}  # live block -> its tail packed with others' (pack_tails)
     exact = {}  # live block -> its size before rounding (what a whole write covers)
     done = []  # (size, accesses, live at the end, alloc event, free event)
     rec.touched = [0] * n
@@ -111,12 +119,17 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
         if isinstance(r, st.Alloc):
             sz = r.size
             if sz >= min_block and granule > 1:
-                sz = -(-sz // granule) * granule
+                if pack_tails and sz >= granule:
+                    tails[r.alloc] = sz % granule
+                    sz -= tails[r.alloc]
+                else:
+                    sz = -(-sz // granule) * granule
             size[r.alloc], accesses[r.alloc], born[r.alloc] = sz, [], i
             exact[r.alloc] = r.size
         elif isinstance(r, st.Free):
             if r.alloc in size:
-                done.append((size.pop(r.alloc), accesses.pop(r.alloc), False, born.pop(r.alloc), i))
+                done.append((size.pop(r.alloc), accesses.pop(r.alloc), False, born.pop(r.alloc), i,
+                             tails.pop(r.alloc, 0)))
         elif isinstance(r, (st.Launch, st.Copy)):
             kind = {}
             if isinstance(r, st.Launch):
@@ -138,19 +151,19 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
                     k = PARTIAL
                 kind[a] = min(kind.get(a, k), k)  # a read wins, then a partial write
             for a, k in kind.items():
-                rec.touched[i] += size[a]
+                rec.touched[i] += size[a] + tails.get(a, 0)
                 accesses[a].append((i, k))
     for a in size:
-        done.append((size[a], accesses[a], True, born[a], n))
+        done.append((size[a], accesses[a], True, born[a], n, tails.get(a, 0)))
     rec.steps = step + 1
     diff = [0] * (n + 1)
 
-    def gap(u, v, sz, returns):
+    def gap(u, v, sz, returns, tail=0):
         rec.gaps.append((u, v, sz, returns))
-        diff[u + 1] += sz
-        diff[v] -= sz
+        diff[u + 1] += sz + tail  # a packed tail is live with its block, never moved
+        diff[v] -= sz + tail
 
-    for sz, acc, live_at_end, alloc, free in done:
+    for sz, acc, live_at_end, alloc, free, tail in done:
         if keep_bytes:
             # Every byte kept until its free: between two accesses (or the
             # allocation and the first) the block is resident or copied
@@ -159,10 +172,10 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
             marks = [alloc] + [i for i, _ in acc]
             for u, v in zip(marks, marks[1:]):
                 if v - u > 1:
-                    gap(u, v, sz, True)
+                    gap(u, v, sz, True, tail)
             end = n if live_at_end else free
             if end - marks[-1] > 1:
-                gap(marks[-1], end, sz, live_at_end)
+                gap(marks[-1], end, sz, live_at_end, tail)
             continue
         # Only bytes read again kept: a gap after access k is needed when,
         # going on, a read comes before a whole write or the free (or the
@@ -242,10 +255,10 @@ def bound(rec: Record, budget: int, first: int, last: int, points: int = 50,
 
     rows = 0
     for (a, b, open_start, open_end), sz in groups.items():
-        off = {j: var(sz) for j in range(a, b)}
+        off = {j: var(sz / MIB) for j in range(a, b)}
         for j, x in off.items():
             cov[j].append(x)
-        prev = var(sz) if open_start else None
+        prev = var(sz / MIB) if open_start else None
         for j in range(a, b + 1):
             if j == b and open_end:
                 break  # no return inside the window
@@ -287,13 +300,13 @@ def bound(rec: Record, budget: int, first: int, last: int, points: int = 50,
             for x in ins[j]:
                 if ci:
                     a_r.append(row), a_c.append(x), a_v.append(ci)
-            a_r.append(row), a_c.append(stall[j]), a_v.append(-rate)
-            a_b.append(rate * slot_ns[j])
+            a_r.append(row), a_c.append(stall[j]), a_v.append(-rate * US / MIB)
+            a_b.append(rate * slot_ns[j] / MIB)
             row += 1
     for j in range(m):
         for x in cov[j]:
             a_r.append(row), a_c.append(x), a_v.append(-1.0)
-        a_b.append(-float(demand[pts[j]]))
+        a_b.append(-demand[pts[j]] / MIB)
         row += 1
     c = np.zeros(n)
     c[stall] = 1.0
@@ -305,8 +318,9 @@ def bound(rec: Record, budget: int, first: int, last: int, points: int = 50,
                          "not in use are fewer than the bytes over the budget")
     if res.status != 0:
         raise RuntimeError(f"the linear program did not solve: {res.message}")
-    out.update(stall_ns=float(res.fun), bound_ns=window_ns + float(res.fun),
-               per_step_ns=(window_ns + float(res.fun)) / (last - first + 1))
+    stall_ns = float(res.fun) * US
+    out.update(stall_ns=stall_ns, bound_ns=window_ns + stall_ns,
+               per_step_ns=(window_ns + stall_ns) / (last - first + 1))
     return out
 
 
@@ -322,6 +336,9 @@ def main(argv=None) -> int:
                     help="the smallest movable block (SPILLWAY_MIN_BLOCK's default)")
     ap.add_argument("--granule", type=int, default=2 << 20,
                     help="blocks of --min-block or more take whole granules (1: exact sizes)")
+    ap.add_argument("--pack-tails", action="store_true",
+                    help="blocks of a granule or more move their whole granules, their tails "
+                         "stay resident, packed (a design that packs blocks)")
     ap.add_argument("--drop-dead", action="store_true",
                     help="plans that drop bytes never read again at no cost (default: every byte "
                          "kept until its free, spillway's contract)")
@@ -336,7 +353,7 @@ def main(argv=None) -> int:
     if args.granule < 1 or args.min_block < 1:
         ap.error("--granule and --min-block must be 1 or more")
     rec = load(args.record, keep_bytes=not args.drop_dead, granule=args.granule,
-               min_block=args.min_block)
+               min_block=args.min_block, pack_tails=args.pack_tails)
     if args.steps:
         try:
             first, last = (int(x) for x in args.steps.split("-"))

@@ -158,3 +158,24 @@ def test_granules_round_large_blocks_up(tmp_path):
         lp_bound.bound(rounded, 3 * mib, 0, 0)
     exact = record(tmp_path / "a.spwt", launches, sizes)
     assert lp_bound.bound(exact, 3 * mib, 0, 0)["peak_demand_bytes"] == 0
+
+
+def test_packed_tails_stay_resident_and_whole_granules_move(tmp_path):
+    # X of 3 MiB, then Y of 2 MiB, in a budget of 4 MiB; X is read after Y.
+    # In whole granules X takes 4 MiB: all of it must leave for Y. Packed, X
+    # moves its one whole granule and keeps its 1 MiB tail: 2 MiB leave.
+    mib = 1 << 20
+    launches = [(1_000_000, [(1, st.WRITE)]), (1_000_000, [(2, st.WRITE)]),
+                (1_000_000, [(1, st.READ)])]
+    path = tmp_path / "a.spwt"
+    record(path, launches, {1: 3 * mib, 2: 2 * mib}, frees_after={1: [2]})
+    whole = lp_bound.bound(lp_bound.load(str(path)), 4 * mib, 0, 0)
+    packed = lp_bound.bound(lp_bound.load(str(path), pack_tails=True), 4 * mib, 0, 0)
+    assert whole["peak_demand_bytes"] == 2 * mib  # 4 + 2 - 4
+    assert packed["peak_demand_bytes"] == 1 * mib  # 3 + 2 - 4, from X's movable granule
+    # Only whole granules move: with the 1 MiB granule, X leaves whole.
+    rec = lp_bound.load(str(path), granule=1 << 20, pack_tails=True)
+    assert lp_bound.bound(rec, 4 * mib, 0, 0)["peak_demand_bytes"] == 1 * mib
+    # Packed, the tail counts where X is in use: 3 MiB at its read.
+    with pytest.raises(ValueError, match="cannot be met"):
+        lp_bound.bound(lp_bound.load(str(path), pack_tails=True), 5 * mib // 2, 0, 0)
