@@ -108,7 +108,7 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
     size, accesses, born = {}, {}, {}  # live block -> its size, accesses [(event, kind)], alloc
     tails = {}  # live block -> its tail packed with others' (pack_tails)
     exact = {}  # live block -> its size before rounding (what a whole write covers)
-    done = []  # (size, accesses, live at the end, alloc event, free event)
+    done = []  # (size, accesses, live at the end, alloc event, free event, packed tail)
     rec.touched = [0] * n
     for i, r in enumerate(kinds):
         if isinstance(r, st.Step):
@@ -130,6 +130,7 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
             if r.alloc in size:
                 done.append((size.pop(r.alloc), accesses.pop(r.alloc), False, born.pop(r.alloc), i,
                              tails.pop(r.alloc, 0)))
+                del exact[r.alloc]
         elif isinstance(r, (st.Launch, st.Copy)):
             kind = {}
             if isinstance(r, st.Launch):
@@ -184,7 +185,7 @@ def load(path: str, keep_bytes: bool = True, granule: int = 2 << 20,
         nxt = n
         for i, k in reversed(acc):
             if need and nxt - i > 1:
-                gap(i, nxt, sz, True)
+                gap(i, nxt, sz, True, tail)
             if k == READ:
                 need = True
             elif k == WHOLE:
