@@ -300,7 +300,11 @@ def add_lp_bounds(rows: list[dict]) -> None:
         if path not in records:
             records[path] = lp_bound.load(path)
         t0 = time.monotonic()
-        r["lp_bound"] = lp_bound.bound(records[path], r["budget_bytes"], n // 2, n - 1)
+        try:
+            r["lp_bound"] = lp_bound.bound(records[path], r["budget_bytes"], n // 2, n - 1)
+        except (ValueError, RuntimeError) as e:  # the budget cannot be met, or HiGHS failed
+            log(f"LP bound: {r['trace_name']} {r['budget_label']}: none ({e})")
+            continue
         log(f"LP bound: {r['trace_name']} {r['budget_label']}: a step >= "
             f"{r['lp_bound']['per_step_ns'] / 1e6:.3f} ms simulated "
             f"({time.monotonic() - t0:.0f} s wall)")

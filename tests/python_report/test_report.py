@@ -255,3 +255,15 @@ def test_report_with_lp_bound_prints_the_ideal_over_it(tmp_path):
     assert f"| {ideal / bound:.2f}x |" in (out / "report.md").read_text()
     # Without --lp-bound the column is empty.
     assert report.steady_over_lp_bound(dict(row, lp_bound=None)) == "-"
+
+
+def test_a_budget_the_lp_cannot_meet_leaves_the_column_empty(tmp_path, capsys):
+    # A row whose budget no plan can meet (1 byte): the report goes on, says
+    # why, and prints no ratio for it.
+    trace = write_trace(tmp_path / "six.spwt", lengths=(1, 1, 1, 1, 1, 1))
+    row = {"strategy": "spillway", "steps_in_record": 6, "oom": False, "budget_pct": 60,
+           "record": str(trace), "budget_bytes": 1, "trace_name": "six", "budget_label": "60%"}
+    report.add_lp_bounds([row])
+    assert "lp_bound" not in row
+    assert "LP bound: six 60%: none (the budget cannot be met" in capsys.readouterr().err
+    assert report.steady_over_lp_bound(row) == "-"
