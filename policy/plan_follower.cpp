@@ -5,7 +5,7 @@
 
 namespace spillway::policy {
 
-void PlanFollower::start(const StepModel& m, const Plan& p) {
+void PlanFollower::start(const StepModel& m, const Plan& p, uint32_t from) {
   const auto len = static_cast<uint32_t>(m.launch_ns.size());
   evict_.clear();
   prefetch_.clear();
@@ -36,7 +36,14 @@ void PlanFollower::start(const StepModel& m, const Plan& p) {
   auto by_at = [](const Entry& a, const Entry& b) { return a.at < b.at; };
   std::stable_sort(evict_.begin(), evict_.end(), by_at);
   std::stable_sort(prefetch_.begin(), prefetch_.end(), by_at);
-  next_evict_ = next_prefetch_ = 0;
+  auto first_from = [from](const std::vector<Entry>& v) {
+    return static_cast<size_t>(
+        std::lower_bound(v.begin(), v.end(), from,
+                         [](const Entry& e, uint32_t at) { return e.at < at; }) -
+        v.begin());
+  };
+  next_evict_ = first_from(evict_);
+  next_prefetch_ = first_from(prefetch_);
   // A plan with no move still brings carried blocks back (a step that fits).
   active_ = !evict_.empty() || !prefetch_.empty();
 }

@@ -28,8 +28,11 @@ class PlanFollower {
   // numbering, the others before their first use (from launch 0). In a
   // steady state these are the prefetches the last plan named for this step;
   // in the first planned step they bring back what the unplanned one left on
-  // the host.
-  void start(const StepModel& m, const Plan& p);
+  // the host. Started mid-step, at launch `from`, the moves due before it
+  // are skipped: taken all at once they would start a burst of copies that
+  // the step's next launches wait for, and an unplanned step has already
+  // made its own room.
+  void start(const StepModel& m, const Plan& p, uint32_t from = 0);
   // No plan: nothing is due.
   void stop();
   // The same plan again, from the step's start (a step like the last).

@@ -815,12 +815,15 @@ bool better(const Plan& a, const Plan& b) {
 
 }  // namespace
 
-bool same_step(const StepModel& a, const StepModel& b, uint32_t within) {
+bool same_step(const StepModel& a, const StepModel& b, uint32_t within, uint64_t pinned_slack) {
   auto near = [within](uint64_t x, uint64_t y) {
     return std::max(x, y) - std::min(x, y) <= std::max(x, y) / std::max<uint32_t>(within, 1);
   };
   if (a.launch_ns.size() != b.launch_ns.size() || a.blocks.size() != b.blocks.size() ||
-      a.launch_host_ns != b.launch_host_ns || !near(a.pinned_bytes, b.pinned_bytes) ||
+      a.launch_host_ns != b.launch_host_ns ||
+      !(near(a.pinned_bytes, b.pinned_bytes) ||
+        std::max(a.pinned_bytes, b.pinned_bytes) - std::min(a.pinned_bytes, b.pinned_bytes) <=
+            pinned_slack) ||
       a.host_extra_ns != b.host_extra_ns || a.fetch_extra_ns != b.fetch_extra_ns)
     return false;
   const uint64_t ta = std::accumulate(a.launch_ns.begin(), a.launch_ns.end(), uint64_t{0});

@@ -123,9 +123,11 @@ struct Plan {
 
 // Whether `b` is the step `a` again, as far as a plan goes: the same blocks
 // in the same order (names, sizes, live ranges, uses) and the same number of
-// launches, whose total time and pinned bytes differ by at most 1/`within`
-// (measured durations vary from step to step; a plan does not hinge on them).
-bool same_step(const StepModel& a, const StepModel& b, uint32_t within);
+// launches, whose total time differs by at most 1/`within` (measured
+// durations vary from step to step; a plan does not hinge on them), and
+// whose pinned bytes differ by at most 1/`within` or `pinned_slack` bytes.
+// `within` 1: the blocks and launches alone.
+bool same_step(const StepModel& a, const StepModel& b, uint32_t within, uint64_t pinned_slack = 0);
 
 // The plan for the model's next step.
 Plan plan_step(const StepModel& m, const PlanOptions& o);

@@ -246,7 +246,7 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // On its own thread: host memory created ahead of evictions
   // (AllocatorOptions::host_reserve) once the budget was crossed.
   void grow_host_reserve();
-  void install_plan(policy::StepModel m, const policy::Plan& p);
+  void install_plan(policy::StepModel m, const policy::Plan& p, uint32_t from = 0);
   // Swaps in the prefetches whose copies are done, oldest first.
   void finish_prefetches();
   // The background mover's round, under the lock.
@@ -293,6 +293,14 @@ class Allocator final : public AccessSink, private DeviceRoom {
     uint64_t generation = 0;
   };
   std::optional<PlanJob> plan_job_;  // for the mover to plan
+  // A plan the mover has made while another was followed, installed at the
+  // next step mark (make_plan) if the step that ended there is like the one
+  // it was made from.
+  struct ReadyPlan {
+    policy::StepModel model;
+    policy::Plan plan;
+  };
+  std::optional<ReadyPlan> ready_plan_;
   // The model the plan being followed was made from (install_plan): a step
   // learned like it keeps the plan rather than planning again (make_plan).
   std::optional<policy::StepModel> planned_model_;

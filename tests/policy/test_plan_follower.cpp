@@ -82,6 +82,30 @@ TEST(PlanFollower, EachMoveIsDueOnceAtTheLaunchItNames) {
   EXPECT_TRUE(d.empty());
 }
 
+// A plan started mid-step (the first one, made by the mover during the step
+// it was learned from) takes the moves due from the next launch on and skips
+// those due before it: all at once they would start a burst of copies the
+// step's next launches wait for.
+TEST(PlanFollower, AStartMidStepSkipsTheMovesDueBeforeIt) {
+  StepModel m;
+  m.launch_ns.assign(10, 1000);
+  Plan p;
+  p.moves = {{3, 1, 4, 6}, {5, 5, 7, 9}, {8, 6, Move::kNever, Move::kNever}};
+  PlanFollower f;
+  f.start(m, p, 5);
+  std::vector<PlanFollower::Due> d;
+  f.evictions_due(9, &d);
+  EXPECT_EQ(std::vector<uint64_t>({5, 8}), blocks(d)) << "block 3 left after launch 1: skipped";
+  d.clear();
+  f.prefetches_due(9, &d);
+  EXPECT_EQ(std::vector<uint64_t>({5}), blocks(d)) << "block 3's prefetch at 4: skipped";
+  // The next step runs the whole plan.
+  f.restart();
+  d.clear();
+  f.evictions_due(9, &d);
+  EXPECT_EQ(std::vector<uint64_t>({3, 5, 8}), blocks(d));
+}
+
 // Blocks that live across steps start the step where the plan has them:
 // one whose gap wraps the step's end leaves at launch 0 (if it is still on
 // the device) and comes back at its prefetch_at in this step's numbering;

@@ -436,6 +436,16 @@ TEST(Planner, SameStepToleratesTimesNotBlocks) {
   StepModel longer = a;
   longer.launch_ns.push_back(1000);
   EXPECT_FALSE(same_step(a, longer, 20));
+  // The small pool's chunks: within 1/20, or within the slack given.
+  StepModel ten = a, six = a;
+  ten.pinned_bytes = 10 << 20;
+  six.pinned_bytes = 6 << 20;
+  EXPECT_FALSE(same_step(ten, six, 20));
+  EXPECT_TRUE(same_step(ten, six, 20, 4 << 20));
+  EXPECT_FALSE(same_step(ten, six, 20, (4 << 20) - 1));
+  // `within` 1: blocks and launches alone.
+  EXPECT_TRUE(same_step(a, slower, 1));
+  EXPECT_FALSE(same_step(a, used, 1));
 }
 
 TEST(Planner, TheSameModelGivesTheSamePlan) {
