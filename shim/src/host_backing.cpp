@@ -450,12 +450,17 @@ class HostBacking final : public Backing {
   }
   bool unmap_host(Block* b) { return unmap_first(b, b->host.size()); }
 
-  // The block's bytes, read through its host mapping piece by piece (a copy
-  // stays within one mapping), into `dst` on `stream`.
+  // The block's bytes, read piece by piece through the pieces' staging
+  // mappings (a copy stays within one mapping), into `dst` on `stream`. Not
+  // through the block's address: a swap and its rollback that both failed
+  // leave nothing mapped there (left_unmapped), and a copy reading it
+  // faults the whole context (CI, session 25: the fault matrix's row
+  // cuMemSetAccess:132+). Both mappings are of the same host memory.
   CUresult copy_from_host(const Block* b, uintptr_t dst, CUstream stream) {
-    return for_each_copy(b, [&](const Block::HostPiece&, size_t, size_t off, size_t n) {
-      return CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, b->ptr + off, n, stream);
-    });
+    return for_each_copy(
+        b, [&](const Block::HostPiece& piece, size_t in_piece, size_t off, size_t n) {
+          return CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, piece.va + in_piece, n, stream);
+        });
   }
 
   // The copies that move a block: its bytes from its start to `size`, or of

@@ -765,6 +765,42 @@ TEST_F(AllocatorTest, ABlockLeftUnmappedIsNeitherReadNorReusedAndIsMappedAtItsNe
   a->free(p, kSize, nullptr);
 }
 
+// A block left unmapped on the host (a restore's swap and its rollback both
+// failed: every access grant refused) is read, at its next restore or
+// prefetch, through its host pieces' staging mappings, never through its
+// own address, where nothing is mapped: a copy from there would fault the
+// context (CI found one, the fault matrix's row cuMemSetAccess:132+).
+TEST_F(AllocatorTest, ABlockLeftUnmappedOnTheHostIsRestoredWithoutReadingItsAddress) {
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "on-demand restore");
+    auto a = make(0);
+    constexpr size_t kSize = 4 * MiB;
+    void* p = a->malloc(kSize, nullptr);
+    ASSERT_NE(nullptr, p);
+    fill(p, kSize, 31, nullptr);
+    // Host pieces and a device handle pooled and staged: the restore below
+    // grants no access before its swap.
+    ASSERT_CU(a->evict(p));
+    ASSERT_CU(a->restore(p, nullptr));
+    ASSERT_CU(a->evict(p));
+    ASSERT_CU(simcuda_fail_call("cuMemSetAccess", 1, 1, CUDA_ERROR_INVALID_VALUE));
+    EXPECT_NE(CUDA_SUCCESS, a->restore(p, nullptr));
+    simcuda_clear_faults();
+    EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+    if (prefetch) {
+      EXPECT_EQ(1u, AllocatorTest::prefetch(*a, p));
+    }
+    ASSERT_CU(a->restore(p, nullptr));
+    EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
+    check(p, kSize, 31, nullptr);
+    ASSERT_CU(cuCtxSynchronize());
+    char buf[256];
+    EXPECT_EQ(CUDA_SUCCESS, simcuda_sticky_error(0, buf, sizeof buf)) << buf;
+    EXPECT_EQ(0u, mismatches());
+    a->free(p, kSize, nullptr);
+  }
+}
+
 // The same for a prefetched block whose swap fails when a launch needs it
 // (the host unmap, or the device map or access grant at both tries): the
 // address goes back to the host copy, the device copy is dropped, and the
