@@ -1670,6 +1670,41 @@ TEST_F(AllocatorTest, AStepPlanIsMadeOnTheMoversThread) {
   f.free_all();
 }
 
+// While a plan is followed, it places the step's evictions: the mover,
+// which otherwise keeps resident memory under its high watermark with the
+// reactive policy's victims, starts none of its own (they took blocks the
+// plan keeps, and the plan evicted others for them). Here the plan takes A
+// off after launch 0 and back before launch 40; at 16 MiB resident the
+// mover would take another. Real time: the test polls for the mover.
+TEST_F(AllocatorTest, TheMoverStartsNoEvictionOfItsOwnWhileAPlanIsFollowed) {
+  plan_ = true;
+  background_ = true;
+  auto a = make(4 * FourBlocks::kSize);
+  ASSERT_NE(nullptr, a);
+  FourBlocks f{*this, *a};
+  f.start();
+  f.steps(3);
+  for (int i = 0; i < 10000 && a->stats().plans_made == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(1u, a->stats().plans_made);
+  auto started = [&] {
+    const spillway::Stats s = a->stats();
+    return s.blocks_evicted + s.evictions_cancelled + s.evictions_failed;
+  };
+  auto settle = [&] {  // the mover finishes the copies in flight
+    for (int i = 0; i < 200; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  settle();
+  const uint64_t planned = a->stats().planned_evictions, before = started();
+  f.steps(2);
+  settle();
+  EXPECT_GT(a->stats().planned_evictions, planned);
+  EXPECT_EQ(a->stats().planned_evictions - planned, started() - before);
+  EXPECT_EQ(0u, mismatches());
+  a->stop_background();
+  f.free_all();
+}
+
 // A plan the mover makes while another is followed starts at the next step
 // mark, not mid-step, and only if the step that ended there was the one it
 // was made from: installed mid-step, the plan it replaced half done, its
