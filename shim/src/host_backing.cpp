@@ -450,17 +450,19 @@ class HostBacking final : public Backing {
   }
   bool unmap_host(Block* b) { return unmap_first(b, b->host.size()); }
 
-  // The block's bytes, read piece by piece through the pieces' staging
-  // mappings (a copy stays within one mapping), into `dst` on `stream`. Not
-  // through the block's address: a swap and its rollback that both failed
-  // leave nothing mapped there (left_unmapped), and a copy reading it
-  // faults the whole context (CI, session 25: the fault matrix's row
-  // cuMemSetAccess:132+). Both mappings are of the same host memory.
+  // The block's bytes, read through its host mapping piece by piece (a copy
+  // stays within one mapping), into `dst` on `stream`. Through the block's
+  // address, where the trace finds each copy of a move (chrome_trace.cpp,
+  // Join); but through the pieces' staging mappings, of the same host
+  // memory, when a swap and its rollback both failed left nothing mapped
+  // there (left_unmapped): a copy reading it would fault the whole context
+  // (CI, session 25: the fault matrix's row cuMemSetAccess:132+).
   CUresult copy_from_host(const Block* b, uintptr_t dst, CUstream stream) {
-    return for_each_copy(
-        b, [&](const Block::HostPiece& piece, size_t in_piece, size_t off, size_t n) {
-          return CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, piece.va + in_piece, n, stream);
-        });
+    return for_each_copy(b,
+                         [&](const Block::HostPiece& piece, size_t in_piece, size_t off, size_t n) {
+                           const uintptr_t src = b->unmapped ? piece.va + in_piece : b->ptr + off;
+                           return CU_CALL(p_.d, cuMemcpyDtoDAsync, dst + off, src, n, stream);
+                         });
   }
 
   // The copies that move a block: its bytes from its start to `size`, or of
