@@ -1455,6 +1455,15 @@ TEST_F(AllocatorTest, AnEvictedBlockComesBackAheadOfItsPredictedUse) {
 // and C in turn between, D at launches 11-20 only. A fifth block held for a
 // while before step 0 crosses the budget once (the policy acts from then on)
 // and makes step 0's peak 25% higher than the others'.
+// Polls `done` every millisecond for up to ten seconds of real time (the
+// background mover's rounds); its last answer.
+template <class Done>
+bool wait_until(Done done) {
+  for (int i = 0; i < 10000 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done();
+}
+
 struct FourBlocks {
   static constexpr size_t kSize = 4 * MiB;
   AllocatorTest& t;
@@ -1657,10 +1666,8 @@ TEST_F(AllocatorTest, AStepPlanIsMadeOnTheMoversThread) {
   FourBlocks f{*this, *a};
   f.start();
   f.steps(3);
-  uint64_t made = 0;
-  for (int i = 0; i < 5000 && (made = a->stats().plans_made) == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(1u, made) << "steps 1 and 2 were alike: one plan, for step 3";
+  wait_until([&] { return a->stats().plans_made > 0; });
+  EXPECT_EQ(1u, a->stats().plans_made) << "steps 1 and 2 were alike: one plan, for step 3";
   f.touch(0);
   f.middle();
   f.touch(0);
@@ -1684,9 +1691,7 @@ TEST_F(AllocatorTest, TheMoverStartsNoEvictionOfItsOwnWhileAPlanIsFollowed) {
   FourBlocks f{*this, *a};
   f.start();
   f.steps(3);
-  for (int i = 0; i < 10000 && a->stats().plans_made == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_EQ(1u, a->stats().plans_made);
+  ASSERT_TRUE(wait_until([&] { return a->stats().plans_made == 1; }));
   auto started = [&] {
     const spillway::Stats s = a->stats();
     return s.blocks_evicted + s.evictions_cancelled + s.evictions_failed;
@@ -1718,13 +1723,8 @@ TEST_F(AllocatorTest, APlanMadeWhileAnotherIsFollowedStartsAtTheNextStepMark) {
   ASSERT_NE(nullptr, a);
   FourBlocks f{*this, *a};
   f.start();
-  auto wait_for = [&](auto done) {
-    for (int i = 0; i < 10000 && !done(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return done();
-  };
   f.steps(3);
-  ASSERT_TRUE(wait_for([&] { return a->stats().plans_made == 1; }));
+  ASSERT_TRUE(wait_until([&] { return a->stats().plans_made == 1; }));
   // Steps of the same launches and peak, other uses: the steps still repeat,
   // the plan is not this step's, so the mover plans it while the last plan
   // serves.
@@ -1735,7 +1735,7 @@ TEST_F(AllocatorTest, APlanMadeWhileAnotherIsFollowedStartsAtTheNextStepMark) {
   };
   other_step();
   a->mark_step(f.seq);
-  ASSERT_TRUE(wait_for([&] { return a->stats().plans_deferred == 1; }));
+  ASSERT_TRUE(wait_until([&] { return a->stats().plans_deferred == 1; }));
   other_step();
   EXPECT_EQ(1u, a->stats().plans_made) << "started mid-step";
   a->mark_step(f.seq);
@@ -1743,7 +1743,7 @@ TEST_F(AllocatorTest, APlanMadeWhileAnotherIsFollowedStartsAtTheNextStepMark) {
   EXPECT_EQ(1u, a->stats().plans_kept) << "and kept for the next";
   // One made from a step that the next one is not: dropped at the mark.
   f.steps(1);
-  ASSERT_TRUE(wait_for([&] { return a->stats().plans_deferred == 2; }));
+  ASSERT_TRUE(wait_until([&] { return a->stats().plans_deferred == 2; }));
   const uint64_t dropped = a->stats().plans_dropped;
   other_step();
   a->mark_step(f.seq);
