@@ -1696,13 +1696,17 @@ TEST_F(AllocatorTest, TheMoverStartsNoEvictionOfItsOwnWhileAPlanIsFollowed) {
     const spillway::Stats s = a->stats();
     return s.blocks_evicted + s.evictions_cancelled + s.evictions_failed;
   };
-  auto settle = [&] {  // the mover finishes the copies in flight
-    for (int i = 0; i < 200; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The mover finishes the copies in flight in its own time (slow under
+  // ThreadSanitizer): wait for those the plan started, then a little more,
+  // for any it would start itself.
+  auto settle = [&](uint64_t planned, uint64_t before) {
+    wait_until([&] { return started() - before >= a->stats().planned_evictions - planned; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   };
-  settle();
+  settle(a->stats().planned_evictions, started());
   const uint64_t planned = a->stats().planned_evictions, before = started();
   f.steps(2);
-  settle();
+  settle(planned, before);
   EXPECT_GT(a->stats().planned_evictions, planned);
   EXPECT_EQ(a->stats().planned_evictions - planned, started() - before);
   EXPECT_EQ(0u, mismatches());
