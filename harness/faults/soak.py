@@ -107,7 +107,7 @@ def restreamed(trace, n, seed, cache):
 def draw(seed, job, traces, max_scale=3, max_devices=3):
     """Job `job`'s draw. `max_scale` and `max_devices` cap the scale and the
     devices after the draw, so that every other draw of the job stays as it
-    was (a sanitizer build's share: ThreadSanitizer held 15.7 GiB for one
+    was (a sanitizer build's share: ThreadSanitizer held 15.0 GiB for one
     gpt_varlen x2 job on 3 devices)."""
     d = _draw(seed, job, traces)
     d["scale"] = min(d["scale"], max_scale)
