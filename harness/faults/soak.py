@@ -4,6 +4,7 @@ docs/reliability.md, "The soak").
 
     soak.py --replay build/bin/spillway-replay --shim build/lib/libspillway.so \
         --jobs 20 [--seed 1] [--records gpt_varlen,resnet50,vit_b16] [--log soak.jsonl]
+        [--max-scale 2 --max-devices 2]
 
 Each job is one replay, every byte checked, with its own draw (seeded by
 --seed and the job's number, so any job reruns alone with --first N
@@ -45,6 +46,8 @@ TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "records
 FAULTS = ["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
           "cuMemcpyDtoDAsync", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
           "cuStreamWaitEvent"]
+# What a job draws from by default: gpt_varlen twice as often.
+DEFAULT_RECORDS = ["gpt_varlen", "gpt_varlen", "resnet50", "vit_b16"]
 
 
 def scaled(trace, k, cache):
@@ -105,24 +108,18 @@ def restreamed(trace, n, seed, cache):
 
 
 def draw(seed, job, traces, max_scale=3, max_devices=3):
-    """Job `job`'s draw. `max_scale` and `max_devices` cap the scale and the
-    devices after the draw, so that every other draw of the job stays as it
-    was (a sanitizer build's share: ThreadSanitizer held 15.0 GiB for one
+    """Job `job`'s draw. The caps apply after the draw and take nothing from
+    the generator, so every other draw of the job stays as it was (a
+    sanitizer build's share: ThreadSanitizer held 15.0 GiB for one
     gpt_varlen x2 job on 3 devices)."""
-    d = _draw(seed, job, traces)
-    d["scale"] = min(d["scale"], max_scale)
-    d["devices"] = min(d["devices"], max_devices)
-    return d
-
-
-def _draw(seed, job, traces):
     rng = random.Random(seed * 1_000_003 + job)
     trace = rng.choice(traces)
     # The larger traces' steps cost seconds each with every byte checked.
     steps = None if trace == "gpt_varlen" else rng.choice([2, 3])
     return {
         "trace": trace,
-        "scale": rng.choice([1, 1, 2, 3]) if trace == "gpt_varlen" else rng.choice([1, 2]),
+        "scale": min(rng.choice([1, 1, 2, 3]) if trace == "gpt_varlen" else rng.choice([1, 2]),
+                     max_scale),
         "budget": f"{rng.randint(20, 100)}%",
         "jitter": rng.choice([0, rng.randint(1, 1 << 30)]),
         "fault": (f"{rng.choice(FAULTS)}:{rng.randint(1, 300)}" if rng.random() < 1 / 3 else ""),
@@ -130,7 +127,7 @@ def _draw(seed, job, traces):
         # Drawn last, so that adding it left the earlier draws of each job as they were.
         "streams": rng.choice([1, 1, 2, 3]),
         # Drawn after the streams, for the same reason (session 22).
-        "devices": rng.choice([1, 1, 2, 3]),
+        "devices": min(rng.choice([1, 1, 2, 3]), max_devices),
     }
 
 
@@ -141,7 +138,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=20)
     ap.add_argument("--first", type=int, default=0, help="number of the first job")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--records", "--traces", dest="traces", default="gpt_varlen,gpt_varlen,resnet50,vit_b16",
+    ap.add_argument("--records", "--traces", dest="traces", default=",".join(DEFAULT_RECORDS),
                     help="committed traces to draw from (repeat one to draw it more often)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a job may take")
     ap.add_argument("--log", default="", help="one JSON line per job here")

@@ -8,10 +8,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = os.path.join(ROOT, "harness", "faults")
 sys.path.insert(0, FAULTS)
-sys.path.insert(0, os.path.join(ROOT, "harness"))
 import soak  # noqa: E402
 
-TRACES = ["gpt_varlen", "gpt_varlen", "resnet50", "vit_b16"]
+TRACES = soak.DEFAULT_RECORDS
 
 
 def test_a_jobs_number_still_names_the_same_job():
