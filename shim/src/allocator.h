@@ -168,10 +168,10 @@ class Allocator final : public AccessSink, private DeviceRoom {
   // a managed block's pages migrate one by one); an allocation from a split
   // block's spare room (null if none fits); a free of one of its
   // allocations (false: it was the last, the block is freed whole).
-  // Not while the steps repeat and plans are on: a plan's model is of whole
-  // blocks, and parts would make each step's blocks differ from the last
-  // (vit_b16's plans were all dropped, simulated); repeating shapes reuse
-  // whole blocks anyway.
+  // Not while the steps' shapes repeat (make_plan) and plans are on: a
+  // plan's model is of whole blocks, and parts would make each step's blocks
+  // differ from the last (vit_b16's plans were all dropped, simulated);
+  // repeating shapes reuse whole blocks anyway.
   bool splits() const { return o_.evict && !o_.managed && !(o_.plan && steps_repeat_); }
   void* malloc_part(size_t size, CUstream stream);
   bool free_part(Block* b, uintptr_t p, size_t size);
@@ -279,10 +279,12 @@ class Allocator final : public AccessSink, private DeviceRoom {
   LaunchTimes times_;
   uint64_t last_seq_ = 0;       // the latest launch seen (before_use)
   uint32_t last_step_len_ = 0;  // launches in the step learned before the last
-  bool steps_repeat_ = false;   // the last two steps were alike, shapes too (make_plan)
-  // Large bytes requested in this step and the last (granule multiples,
-  // split parts included): the shapes' fingerprint for steps_repeat_.
-  uint64_t step_requested_ = 0, last_step_requested_ = 0;
+  bool steps_repeat_ = false;   // the last two steps' shapes were alike (make_plan)
+  // The shapes' fingerprint for steps_repeat_: large bytes requested in this
+  // step (granule multiples, split parts included), the live bytes at the
+  // last step mark, and what the step before it requested less what it left
+  // live beyond what it began with.
+  uint64_t step_requested_ = 0, mark_live_ = 0, last_step_made_ = 0;
   uint64_t step_peak_ = 0;       // the most live bytes in this step so far
   uint64_t last_step_peak_ = 0;  // ... in the step just ended
   uint64_t step_allocated_ = 0;  // large bytes allocated in this step (granule multiples)
