@@ -1117,6 +1117,13 @@ void Allocator::mark_step(uint64_t end) {
   InternalCalls internal;
   std::lock_guard lk(mu_);
   if (!arriving_.empty()) finish_prefetches();
+  // What moved in the step, for a person tracing a job's steps (the exit
+  // summary has the totals, SPILLWAY_TRACE every copy).
+  ++steps_marked_;
+  if (log::get().should_log(spdlog::level::debug))
+    log::debug("device {}: step mark {}: {}{}", o_.device, steps_marked_, step_line(s_, at_mark_),
+               plan_.active() ? ", a step plan followed" : "");
+  at_mark_ = s_;
   chooser_->on_step(end);
   step_allocated_ = 0;
   if (o_.plan && schedule_) make_plan();

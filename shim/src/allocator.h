@@ -320,7 +320,9 @@ class Allocator final : public AccessSink, private DeviceRoom {
   std::vector<uint64_t> named_;
   Counter live_, resident_, host_;
   log::Repeats cannot_fit_, create_failed_;  // warnings that may fire at every allocation
-  Stats s_;  // event counts; levels and peaks come from the counters
+  Stats s_;        // event counts; levels and peaks come from the counters
+  Stats at_mark_;  // s_ at the last step mark (the step's debug line)
+  uint64_t steps_marked_ = 0;
 };
 
 }  // namespace spillway

@@ -70,4 +70,21 @@ std::string summary_line(const Stats& s) {
   return buf;
 }
 
+std::string step_line(const Stats& now, const Stats& before) {
+  auto d = [](uint64_t a, uint64_t b) { return static_cast<unsigned long long>(a - b); };
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s out (%llu blocks, %llu where a step plan placed them, %llu cancelled), %s in "
+                "(%llu blocks, %llu prefetches used), waited %s for transfers",
+                format_bytes(now.bytes_evicted - before.bytes_evicted).c_str(),
+                d(now.blocks_evicted, before.blocks_evicted),
+                d(now.planned_evictions, before.planned_evictions),
+                d(now.evictions_cancelled, before.evictions_cancelled),
+                format_bytes(now.bytes_restored - before.bytes_restored).c_str(),
+                d(now.blocks_restored, before.blocks_restored),
+                d(now.prefetches_used, before.prefetches_used),
+                format_ns(now.transfer_wait_ns - before.transfer_wait_ns).c_str());
+  return buf;
+}
+
 }  // namespace spillway

@@ -19,5 +19,8 @@ void add_device(Stats* sum, const Stats& device);
 std::string to_json(const Stats& s, uint64_t steps);
 // One line for the end of a run.
 std::string summary_line(const Stats& s);
+// One line for the end of a step: what moved since the figures `before`
+// (those at the last step mark) and the time the job waited for it.
+std::string step_line(const Stats& now, const Stats& before);
 
 }  // namespace spillway

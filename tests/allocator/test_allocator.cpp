@@ -9,6 +9,9 @@
 #include <functional>
 #include <thread>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -16,8 +19,11 @@
 #include <vector>
 #include <utility>
 
+#include <unistd.h>
+
 #include "allocator.h"
 #include "driver.h"
+#include "log.h"
 #include "sim_test_util.h"
 
 using spillway::Allocator;
@@ -1697,6 +1703,53 @@ TEST_F(AllocatorTest, SplittingGoesOffAfterAStepThatAllocatesWhatTheFirstDidBesi
     a->free(y, 4 * MiB, nullptr);
     a->free(state, 8 * MiB, nullptr);
   }
+  EXPECT_EQ(0u, mismatches());
+}
+
+// Each step mark logs, at debug level, what moved in the step that ended:
+// the bytes and blocks each way since the mark before, and the time the
+// job waited for them.
+TEST_F(AllocatorTest, EachStepMarkLogsWhatMovedInTheStep) {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("spillway-step-log-" + std::to_string(getpid()));
+  std::filesystem::remove(file);
+  std::string why;
+  ASSERT_TRUE(spillway::log::init(spillway::LogLevel::kDebug, file.string(), &why)) << why;
+  auto a = make(16 * MiB);
+  ASSERT_NE(nullptr, a);
+  void* x = a->malloc(4 * MiB, nullptr);
+  ASSERT_NE(nullptr, x);
+  fill(x, 4 * MiB, 91, nullptr);
+  a->mark_step(0);
+  ASSERT_CU(a->evict(x));
+  a->mark_step(0);
+  const auto lo = reinterpret_cast<uintptr_t>(x);
+  const spillway::Touch t{lo, lo + 4 * MiB};
+  spillway::Access acc;
+  acc.seq = 1;
+  a->before_use(acc, &t, 1);  // restored on demand
+  check(x, 4 * MiB, 91, nullptr);
+  a->after_use(nullptr, &t, 1);
+  a->mark_step(1);
+  spillway::log::get().flush();
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string log = text.str();
+  EXPECT_NE(std::string::npos,
+            log.find("device 0: step mark 1: 0 B out (0 blocks, 0 where a step plan placed them, 0 "
+                     "cancelled), 0 B in (0 blocks, 0 prefetches used), waited"))
+      << log;
+  EXPECT_NE(std::string::npos, log.find("step mark 2: 4.0 MiB out (1 blocks, 0 where a step plan "
+                                        "placed them, 0 cancelled), 0 B in (0 blocks"))
+      << log;
+  EXPECT_NE(std::string::npos,
+            log.find("step mark 3: 0 B out (0 blocks, 0 where a step plan placed them, 0 "
+                     "cancelled), 4.0 MiB in (1 blocks, 0 prefetches used)"))
+      << log;
+  ASSERT_TRUE(spillway::log::init(spillway::LogLevel::kInfo, "", nullptr));
+  std::filesystem::remove(file);
+  a->free(x, 4 * MiB, nullptr);
   EXPECT_EQ(0u, mismatches());
 }
 
