@@ -85,6 +85,13 @@ struct PlanOptions {
   // sweeps alone on the largest model, for the shim's mover); true: every
   // variant at every margin (5x: the replayer's ideal, offline).
   bool thorough = false;
+  // After the candidates, a local search from the best (each move dropped,
+  // or its prefetch issued 1, 2, 4, ... launches earlier or later, kept when
+  // the replay says the plan is better), at most this many replays (each
+  // O(L + moves)). 0: none, as the shim's mover plans (there the polished
+  // plans, tuned to the prediction's margins, ran slower on resnet50 at 60%,
+  // simulated: docs/residency.md, session 28). The replayer's ideal polishes.
+  uint32_t polish_replays = 0;
 };
 
 struct Move {

@@ -417,6 +417,35 @@ TEST(Planner, SweepsUnderALowerCapFindPlansThatStallLess) {
   EXPECT_GE(better_with_margins, 1);  // 2 of these 24 (the committed records gain more)
 }
 
+// The local search after the candidates (polish_replays): its plan is never
+// worse than the candidates' best, still fits the cap launch by launch, is
+// what predict says of its moves, and on some random steps stalls less.
+TEST(Planner, PolishingTheBestPlanNeverMakesItWorseAndSometimesBetter) {
+  int stalls_less = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const StepModel m = random_step(300, 80, seed);
+    PlanOptions o;
+    o.budget = std::max(peak_demand(m) * (4 + seed % 3) / 10, least_budget(m));
+    o.thorough = true;
+    PlanOptions polished = o;
+    polished.polish_replays = 400;
+    const Plan a = plan_step(m, o), b = plan_step(m, polished);
+    ASSERT_TRUE(a.fits && b.fits) << "seed " << seed;
+    EXPECT_LE(b.stall_ns, a.stall_ns) << "seed " << seed;
+    if (b.stall_ns == a.stall_ns) {
+      EXPECT_LE(b.bytes_out + b.bytes_in, a.bytes_out + a.bytes_in) << "seed " << seed;
+    }
+    const std::vector<uint64_t> r = residency(m, b.moves);
+    for (uint32_t i = 0; i < r.size(); ++i) ASSERT_LE(r[i], o.budget) << "seed " << seed;
+    const Plan q = predict(m, polished, b.moves);
+    EXPECT_EQ(b.moves.size(), q.moves.size()) << "seed " << seed;
+    EXPECT_EQ(b.step_ns, q.step_ns) << "seed " << seed;
+    EXPECT_EQ(b.bytes_out + b.bytes_in, q.bytes_out + q.bytes_in) << "seed " << seed;
+    if (b.stall_ns < a.stall_ns) ++stalls_less;
+  }
+  EXPECT_GE(stalls_less, 6);  // all 12 of these, with 400 replays
+}
+
 // A step learned like the plan's keeps the plan (the allocator's make_plan):
 // measured times may drift a little, the blocks and their uses may not.
 TEST(Planner, SameStepToleratesTimesNotBlocks) {
