@@ -892,7 +892,7 @@ Plan plan_step(const StepModel& m, const PlanOptions& o) {
   Planner planner(P);
   bool have = false;
   Config won;
-  std::vector<Draft> best_drafts;
+  std::vector<Draft> best_drafts;  // the best plan's, for the search and its moves
   // One candidate family: a sweep, placement, then up to two more rounds
   // that reserve the windows the H2D queue asked for in the round before;
   // they stop at the first that is no better (more often than not the
@@ -907,7 +907,6 @@ Plan plan_step(const StepModel& m, const PlanOptions& o) {
       Plan p = replay(P, drafts);
       const bool improved = round == 0 || better(p, last);
       if (!have || better(p, best)) {
-        p.moves = to_moves(P, drafts);
         best = p;
         best_drafts = drafts;
         have = true;
@@ -933,10 +932,10 @@ Plan plan_step(const StepModel& m, const PlanOptions& o) {
     for (bool ready_first : {true, false})
       for (Window w : {Window::kSolo, Window::kBidir, Window::kNone}) family({ready_first, w, cap});
   }
-  if (have && o.polish_replays > 0) {
-    polish(P, best_drafts, best, o.polish_replays);
-    best.moves = to_moves(P, best_drafts);
-  }
+  if (!have) return best;
+  if (o.polish_replays > 0) polish(P, best_drafts, best, o.polish_replays);
+  // The moves once, of the plan kept.
+  best.moves = to_moves(P, best_drafts);
   return best;
 }
 
