@@ -120,6 +120,14 @@ Args parse_args(int argc, const char* const* argv) {
        "replay the record on N simulated devices at once (1-8), one thread each, as a "
        "one-process data-parallel job; the budget is each device's",
        [&](const std::string& v) { o.devices = static_cast<int>(integer("--devices", v, 1, 8)); });
+  text("--step-sync", nullptr, "streams|context",
+       "what a step's end waits for: the record's streams (default; as loss.item() does) or "
+       "every stream of the context, spillway's copies too (as torch.cuda.synchronize())",
+       [&](const std::string& v) {
+         if (v != "streams" && v != "context")
+           throw Refused{"--step-sync '" + v + "' is not streams or context"};
+         o.step_sync_context = v == "context";
+       });
   text("--json", &o.json_out, "OUT", "write the report (JSON; harness/README.md) to OUT");
   text("--trace-out", &o.trace_out, "OUT",
        "write a Chrome/Perfetto trace of kernels and transfers to OUT");

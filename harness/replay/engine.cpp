@@ -541,7 +541,7 @@ bool Engine::copy(const CopyRec& c) {
 
 bool Engine::end_step() {
   if (step_ < 0) return true;
-  if (!cu(cuCtxSynchronize(), "cuCtxSynchronize")) return false;
+  if (!sync_step()) return false;
   host_hold_.clear();    // pinned buffers whose copies are now done
   kernel_work_.clear();  // and kernels
   const uint64_t now = simcuda_now_ns();
@@ -559,6 +559,22 @@ bool Engine::end_step() {
                  static_cast<double>(ms.device_peak) / (1 << 20));
   }
   return true;
+}
+
+bool Engine::sync_step() {
+  if (o_.step_sync_context) return cu(cuCtxSynchronize(), "cuCtxSynchronize");
+  // The record's streams, the legacy one among them, then the replayer's own
+  // copy streams (an anchor strategy's copies, whose pinned buffers the
+  // step's end lets go): not spillway's, whose copies may run on into the
+  // next step as in a job that reads its loss and goes on. A training loop
+  // synchronizes no more: loss.item() copies on the current stream and waits
+  // for that stream alone (PyTorch's _local_scalar_dense_cuda,
+  // at::cuda::memcpy_and_sync).
+  if (!cu(cuStreamSynchronize(nullptr), "cuStreamSynchronize")) return false;
+  for (auto& [id, s] : streams_)
+    if (!cu(cuStreamSynchronize(s.get()), "cuStreamSynchronize")) return false;
+  return cu(cuStreamSynchronize(d2h_.get()), "cuStreamSynchronize") &&
+         cu(cuStreamSynchronize(h2d_.get()), "cuStreamSynchronize");
 }
 
 // A step's end: the devices' engines meet, device 0's marks the step (the

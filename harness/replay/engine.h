@@ -115,6 +115,7 @@ class Engine {
               const std::vector<spillway::trace::TouchRec>& touches);
   bool copy(const spillway::trace::CopyRec& c);
   bool end_step();
+  bool sync_step();  // --step-sync: what a step's end waits for
   void meet_at_step();
   bool finish_oom();
   // The pattern's key for an allocation on this device: the same record on

@@ -26,6 +26,11 @@ struct Options {
   std::string json_out;
   std::string trace_out;
   bool no_data = false;
+  // What a step's end waits for: the record's streams (false: what
+  // `loss.item()` does, a copy on the job's stream and a wait for it) or the
+  // whole context (true: `torch.cuda.synchronize()`, every stream,
+  // spillway's copy streams too). --step-sync.
+  bool step_sync_context = false;
   int64_t inject_corruption = -1;  // hidden test seam: corrupt a byte after this launch
   bool baseline_child = false;     // hidden: this process is the baseline run
   bool quiet = false;              // hidden: no progress lines

@@ -55,6 +55,9 @@ TEST(ReplayArgs, ParsesTheOptionsAndStopsAtTheFirstProblem) {
   EXPECT_EQ(r.options.strategy, replay::Strategy::kLayerwise);
   EXPECT_EQ(r.options.devices, 1);
   EXPECT_EQ(parse({"job.spwt", "--devices", "3"}).options.devices, 3);
+  EXPECT_FALSE(r.options.step_sync_context);
+  EXPECT_FALSE(parse({"job.spwt", "--step-sync", "streams"}).options.step_sync_context);
+  EXPECT_TRUE(parse({"job.spwt", "--step-sync", "context"}).options.step_sync_context);
   // "--steps 0" is every step, as --help says, not none.
   EXPECT_EQ(parse({"job.spwt", "--steps", "0"}).options.steps, parse({"job.spwt"}).options.steps);
   EXPECT_LT(parse({"job.spwt", "--steps", "0"}).options.steps, 0);
@@ -89,6 +92,8 @@ TEST(ReplayArgs, EveryOptionRefusesWrongValuesByName) {
        "--device-memory '80 GiB' is not a size such as 80GiB"},
       {{"job.spwt", "--mode", "unified"}, "--mode 'unified' is not host, managed or off"},
       {{"job.spwt", "--mode", "Host"}, "--mode 'Host' is not host, managed or off"},
+      {{"job.spwt", "--step-sync", "device"}, "--step-sync 'device' is not streams or context"},
+      {{"job.spwt", "--step-sync", ""}, "--step-sync '' is not streams or context"},
       {{"job.spwt", "--strategy", "magic"},
        "--strategy 'magic' is not spillway, none, save_on_cpu, torchtune or layerwise"},
       {{"job.spwt", "--steps", "-1"}, "--steps '-1' is not an integer >= 0"},

@@ -485,6 +485,45 @@ TEST_F(ReplayTest, StepPlansAreMadeAndCarriedOutWithEveryByteKept) {
   EXPECT_EQ(fits.num("bytes_device_to_host"), 0) << fits.json;
 }
 
+// A step's end waits for the record's streams, as loss.item() does, not for
+// work the shim queued on a stream of its own (spillway's copies), unless
+// --step-sync context asks for every stream. The stand-in shim queues a
+// 50 ms copy (at 1 GB/s) on its own stream at each step mark, the one that
+// starts the first step included; each of the
+// record's three steps is one 1 ms kernel, and no copy of its own
+// (simulated time).
+TEST_F(ReplayTest, AStepsEndWaitsForTheRecordsStreamsOrTheWholeContextWhenAsked) {
+  const std::string path = (dir_ / "kernels.spwt").string();
+  {
+    Writer w;
+    ASSERT_TRUE(w.open(path, R"({"source":"test","model":"one kernel a step"})"));
+    ASSERT_TRUE(w.string(1, "k"));
+    for (uint64_t step = 0; step < 3; ++step) {
+      ASSERT_TRUE(w.step(step));
+      ASSERT_TRUE(w.alloc(step + 1, 4 * MiB, 0, 0));
+      const std::vector<TouchRec> t{{step + 1, 0, 4 * MiB, kModeWrite}};
+      ASSERT_TRUE(w.launch(0, 1, 1'000'000, t));
+      ASSERT_TRUE(w.free(step + 1, 0));
+    }
+    ASSERT_TRUE(w.close()) << w.error();
+  }
+  SlowLink slow("1");
+  Result streams = replay({"--shim", SIDE_STREAM_SHIM}, path);
+  ASSERT_EQ(streams.exit_code, 0) << streams.err;
+  Result context = replay({"--shim", SIDE_STREAM_SHIM, "--step-sync", "context"}, path);
+  ASSERT_EQ(context.exit_code, 0) << context.err;
+  const std::vector<double> s = streams.nums("step_times_ns"), c = context.nums("step_times_ns");
+  ASSERT_EQ(s.size(), 3u) << streams.json;
+  ASSERT_EQ(c.size(), 3u) << context.json;
+  // A mark comes at each step's start (the record's STEP), the first too.
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_LT(s[i], 10e6) << "step " << i << " waited for the shim's stream";
+    EXPECT_GE(c[i], 50e6) << "step " << i << " did not wait for the shim's stream";
+  }
+  EXPECT_TRUE(streams.flag("integrity_ok"));
+  EXPECT_TRUE(context.flag("integrity_ok"));
+}
+
 TEST_F(ReplayTest, StepsLimitsTheReplay) {
   Result r = replay({"--steps", "1", "--budget", "60%"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
