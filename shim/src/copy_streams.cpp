@@ -109,6 +109,23 @@ void CopyStreams::clear_mark(Block& b, CUstream s) {
     }
 }
 
+void CopyStreams::mark_tails(const std::vector<Block*>& blocks) {
+  std::vector<std::pair<CUstream, UseMark*>> made;
+  auto one = [&](Block& b, CUstream s) {
+    if (mark_of(b, s)) return;  // kept: it may be earlier
+    auto it = std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == s; });
+    if (it == made.end()) {
+      UseMark* m = not_capturing(s) == CUDA_SUCCESS ? record_mark(s) : nullptr;
+      it = made.insert(made.end(), {s, m});
+    }
+    if (it->second) set_mark(b, s, it->second);
+  };
+  for (Block* b : blocks) {
+    one(*b, b->stream);
+    for (CUstream u : b->users) one(*b, u);
+  }
+}
+
 void CopyStreams::mark_departure(Block& b) {
   clear_departure(b);
   if ((b.departure = record_mark(d2h()))) ++b.departure->refs;

@@ -71,6 +71,13 @@ class CopyStreams {
   // `b` is (or may be) used on `s` after its mark there: forget that mark.
   void clear_mark(Block& b, CUstream s);
   void clear_marks(Block& b);
+  // Each stream that used one of `blocks` (its own, its users) and has no
+  // mark for it gets one now, at that stream's tail (one record per stream):
+  // later copies of the block (a prefetch after this eviction) then wait for
+  // the uses seen so far, not for the tail they find. Valid only while every
+  // use of the blocks is seen (before_use clears a stream's mark); streams
+  // capturing a graph are left without.
+  void mark_tails(const std::vector<Block*>& blocks);
   // A prefetch's copy into `b` not yet swapped in (its mark on the H2D
   // stream), or null.
   const UseMark* arrival(const Block& b) const { return mark_of(b, h2d()); }

@@ -1595,6 +1595,88 @@ TEST_F(AllocatorTest, AStepLikeThePlansKeepsThePlan) {
   f.free_all();
 }
 
+// Over the budget every launch records a mark (an event: 500 ns of the
+// job's thread in the sim), so that an eviction's copy waits for the
+// block's last use and not for its stream's tail. Under a followed plan none
+// does: the plan's evictions come right after that use and mark the tail
+// then, which the block keeps for its prefetch. Every byte is checked at
+// every use, and the plan is still carried out without an on-demand
+// restore.
+TEST_F(AllocatorTest, NoLaunchRecordsAMarkWhileAPlanIsFollowed) {
+  plan_ = true;
+  auto a = make(4 * FourBlocks::kSize);
+  ASSERT_NE(nullptr, a);
+  FourBlocks f{*this, *a};
+  f.start();
+  f.steps(1);
+  uint64_t records = simcuda_call_count("cuEventRecord");
+  f.steps(1);  // step 1: not planned (the plan comes at step 2's mark)
+  const uint64_t unplanned = simcuda_call_count("cuEventRecord") - records;
+  EXPECT_EQ(0u, a->stats().plans_made);
+  EXPECT_GE(unplanned, 41u) << "each of the step's 41 launches records a mark";
+  f.steps(1);
+  ASSERT_EQ(1u, a->stats().plans_made);
+  const uint64_t on_demand = observed_.bytes(false, spillway::Cause::kOnDemand);
+  for (int step = 3; step < 5; ++step) {
+    const uint64_t prefetches = a->stats().planned_prefetches;
+    records = simcuda_call_count("cuEventRecord");
+    f.steps(1);
+    const uint64_t planned = simcuda_call_count("cuEventRecord") - records;
+    EXPECT_LT(planned, 10u) << "step " << step << ": launches still record marks";
+    EXPECT_LT(prefetches, a->stats().planned_prefetches) << "the plan was not carried out";
+  }
+  EXPECT_EQ(on_demand, observed_.bytes(false, spillway::Cause::kOnDemand))
+      << "a use waited for an on-demand restore in a planned step";
+  EXPECT_EQ(0u, mismatches());
+  f.free_all();
+}
+
+// What a planned eviction leaves its block for the copy back
+// (CopyStreams::mark_tails): a mark at the tail of each stream that used it
+// and has none, so that a later copy waits for the uses queued before that
+// moment and not for work queued since; a mark it has is kept.
+TEST_F(AllocatorTest, ATailMarkCoversTheWorkQueuedBeforeItAlone) {
+  ASSERT_NE(nullptr, driver_);
+  spillway::CopyStreams cs(*driver_);
+  ASSERT_TRUE(cs);
+  CUstream s = nullptr, other = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  spillway::Block b, kept;
+  b.stream = s;
+  b.users.push_back(other);
+  kept.stream = s;
+  queue_10ms(s);  // the blocks' last uses
+  spillway::UseMark* old = cs.record_mark(s);
+  ASSERT_NE(nullptr, old);
+  cs.set_mark(kept, s, old);
+  queue_10ms(s);  // b's use; not kept's
+  const uint64_t t0 = simcuda_now_ns();
+  cs.mark_tails({&b, &kept});
+  queue_10ms(s);  // work of others, queued after the marks
+  queue_10ms(s);
+  queue_10ms(other);  // after b's mark on `other` (its tail then: nothing)
+  auto waited = [&](const spillway::Block& blk) {
+    EXPECT_CU(cs.order_after_uses(cs.h2d(), blk));
+    EXPECT_CU(cs.drain(cs.h2d()));
+    return simcuda_now_ns() - t0;
+  };
+  // The device runs `s`'s queue in order from about t0 (its first kernel a
+  // little before): kept's last use ends at +10 ms, b's at +20, the work
+  // queued after the marks at +40.
+  const uint64_t kept_at = waited(kept);
+  EXPECT_GE(kept_at, 9'000'000u) << "kept's copy did not wait for its use";
+  EXPECT_LT(kept_at, 15'000'000u) << "kept's mark was replaced by a later one";
+  const uint64_t b_at = waited(b);
+  EXPECT_GE(b_at, 19'000'000u) << "b's copy did not wait for its use";
+  EXPECT_LT(b_at, 30'000'000u) << "b's copy waited for work queued after its mark";
+  ASSERT_CU(cuCtxSynchronize());
+  cs.clear_marks(b);
+  cs.clear_marks(kept);
+  ASSERT_CU(cuStreamDestroy(s));
+  ASSERT_CU(cuStreamDestroy(other));
+}
+
 // A plan is carried into the step after two alike ones, which may not be
 // like them (a batch of other sequence lengths): once the step's allocations
 // stray from those of the plan's step, the plan is dropped, and nothing it
