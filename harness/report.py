@@ -187,10 +187,10 @@ def integrity(row: dict) -> str:
 TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / budget MiB "
               "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms "
               "| ideal last step ms | spillway / ideal (time, bytes) | ideal / last step's bound "
-              "| heaviest step: spillway / ideal | steady: spillway / ideal | steady: ideal / cyclic bound "
-              "| steady: ideal / LP bound |\n"
+              "| heaviest step: spillway / ideal | steady: spillway / ideal | steady bytes: spillway / ideal "
+              "| steady: ideal / cyclic bound | steady: ideal / LP bound |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-              "| --- | --- | --- | --- | --- | --- | --- |\n")
+              "| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 
 
 def versus_ideal(row: dict) -> str:
@@ -258,6 +258,24 @@ def steady_versus_ideal(row: dict) -> str:
     r = _steady_ratio(steps, row.get("ideal_step_times_ns") or [])
     n = len(steps)
     return "-" if r is None else f"{r:.2f}x (steps {n // 2}-{n - 1})"
+
+
+def steady_bytes_versus_ideal(row: dict) -> str:
+    """The bytes spillway moved (both directions) over the last half of the
+    steps, over the bytes the ideal's plans of those steps move: the bytes'
+    like for like with *steady* above, where `min_bytes_moved` also counts
+    the first steps, which spillway runs before it has learned a step. Sums,
+    not medians: a step's copies can run on into the next (the replayer
+    counts a copy in the step that queued it)."""
+    out, back = row.get("step_bytes_device_to_host") or [], row.get("step_bytes_host_to_device") or []
+    ideal = row.get("ideal_step_bytes_moved") or []
+    n = len(out)
+    if row.get("oom") or n < 4 or n != row.get("steps_in_record") or len(back) != n or len(ideal) != n:
+        return "-"
+    moved, least = sum(out[n // 2:]) + sum(back[n // 2:]), sum(ideal[n // 2:])
+    if not least:
+        return "1.00x" if moved == 0 else "-"
+    return f"{moved / least:.2f}x (steps {n // 2}-{n - 1})"
 
 
 def steady_ideal_over_bound(row: dict) -> str:
@@ -337,6 +355,7 @@ def table(rows: list[dict]) -> str:
             f"| {fmt_ms(r.get('sim_lower_bound_step_time_ns'))} | {r.get('stall_ns', 0) / 1e6:.2f} "
             f"| {fmt_ms(r.get('ideal_step_time_ns'))} | {versus_ideal(r)} "
             f"| {ideal_over_bound(r)} | {heaviest_step(r)} | {steady_versus_ideal(r)} "
+            f"| {steady_bytes_versus_ideal(r)} "
             f"| {steady_ideal_over_bound(r)} | {steady_over_lp_bound(r)} |\n")
     return "".join(out)
 
@@ -370,6 +389,10 @@ a short one. *steady*: spillway's median step over the ideal's median step,
 both over the last half of the steps (records of 4 steps or more): the
 steady state of a job whose steps repeat, like for like with the cyclic
 ideal (a two-step record's last step is the first spillway has seen).
+*steady bytes*: the bytes spillway moved over the same steps (both
+directions, summed; the replayer's `step_bytes_device_to_host` and
+`step_bytes_host_to_device`) over those the ideal's plans of those steps
+move (`ideal_step_bytes_moved`).
 *steady: ideal / cyclic bound*: the ideal's median over the same steps'
 median cyclic bound (`sim_cyclic_bound_step_times_ns`: the bytes live and
 read again at the step's peak less the budget cross each link once a

@@ -448,6 +448,7 @@ int main(int argc, char** argv) {
   // every VMM call is free.
   std::vector<uint64_t> handles_ns;
   spillway::policy::HandleChurn last_churn;
+  std::vector<uint64_t> ideal_bytes_by_step;
   uint64_t ideal_bytes = 0, ideal_move_ns = 0;
   bool ideal_fits = true;
   if (!o.baseline_child && budget) {
@@ -489,6 +490,7 @@ int main(int argc, char** argv) {
         last_churn = id.churn;
       }
       ideal_bytes += id.plan.bytes_out + id.plan.bytes_in;
+      ideal_bytes_by_step.push_back(id.plan.bytes_out + id.plan.bytes_in);
       ideal_fits = ideal_fits && id.plan.fits;
     }
   }
@@ -552,6 +554,7 @@ int main(int argc, char** argv) {
     j["ideal_step_times_ns"] = ideal_ns;
     j["ideal_step_time_ns"] = ideal_ns.back();
     j["min_bytes_moved"] = ideal_bytes;
+    j["ideal_step_bytes_moved"] = ideal_bytes_by_step;
     j["ideal_move_host_ns"] = ideal_move_ns;
     j["ideal_fits"] = ideal_fits;
   }
@@ -566,6 +569,15 @@ int main(int argc, char** argv) {
   }
   j["stall_ns"] = stall;
   j["step_times_ns"] = e.step_times();
+  {
+    std::vector<uint64_t> out, in;
+    for (const auto& [d2h_bytes, h2d_bytes] : e.step_bytes()) {
+      out.push_back(d2h_bytes);
+      in.push_back(h2d_bytes);
+    }
+    j["step_bytes_device_to_host"] = out;
+    j["step_bytes_host_to_device"] = in;
+  }
   // How often the run called each driver entry point spillway uses, so
   // that a fault can be injected at any one of those calls (SIMCUDA_FAIL;
   // harness/faults/).

@@ -237,7 +237,41 @@ def test_report_prints_the_steady_column_for_a_record_of_repeating_steps(tmp_pat
     assert len(bounds) == 6 and all(b > 0 for b in bounds)
     over = sorted(ideal[3:])[1] / sorted(bounds[3:])[1]
     assert over >= 1.0  # a bound: never above the ideal's plan of the repeated step
-    assert f"| {want:.2f}x (steps 3-5) | {over:.2f}x |" in (out / "report.md").read_text()
+    moved = sum(row["step_bytes_device_to_host"][3:]) + sum(row["step_bytes_host_to_device"][3:])
+    assert moved > 0  # at 60% the steady steps move
+    # The per-step figures add up to the run's, as the replayer counts them.
+    assert sum(row["step_bytes_device_to_host"]) == row["bytes_device_to_host"]
+    assert sum(row["step_bytes_host_to_device"]) == row["bytes_host_to_device"]
+    assert sum(row["ideal_step_bytes_moved"]) == row["min_bytes_moved"]
+    bytes_ratio = moved / sum(row["ideal_step_bytes_moved"][3:])
+    assert (f"| {want:.2f}x (steps 3-5) | {bytes_ratio:.2f}x (steps 3-5) | {over:.2f}x |"
+            in (out / "report.md").read_text())
+
+
+def test_steady_bytes_are_the_last_halfs_sums_against_the_ideals():
+    # Eight steps: the first half moves much (learning), the last half
+    # 30+20 + 25+25 + 20+30 + 40+10 = 200 MiB against the ideal's 4 x 40.
+    mib = 1 << 20
+    row = {"steps_in_record": 8, "oom": False,
+           "step_bytes_device_to_host": [m * mib for m in (90, 80, 70, 60, 30, 25, 20, 40)],
+           "step_bytes_host_to_device": [m * mib for m in (50, 60, 60, 60, 20, 25, 30, 10)],
+           "ideal_step_bytes_moved": [m * mib for m in (10, 40, 40, 40, 40, 40, 40, 40)]}
+    assert report.steady_bytes_versus_ideal(row) == "1.25x (steps 4-7)"
+    # Nothing to move in the ideal's steps and nothing moved: at the ideal.
+    none = dict(row, step_bytes_device_to_host=[0] * 8, step_bytes_host_to_device=[0] * 8,
+                ideal_step_bytes_moved=[0] * 8)
+    assert report.steady_bytes_versus_ideal(none) == "1.00x"
+    assert report.steady_bytes_versus_ideal(dict(none, step_bytes_device_to_host=[1] * 8)) == "-"
+    # No steady half, a run that stopped or ran out of memory, or a replayer
+    # without the per-step figures.
+    for bad in (dict(row, steps_in_record=3,
+                     **{k: row[k][:3] for k in ("step_bytes_device_to_host",
+                                                "step_bytes_host_to_device",
+                                                "ideal_step_bytes_moved")}),
+                dict(row, step_bytes_device_to_host=row["step_bytes_device_to_host"][:7]),
+                dict(row, oom=True),
+                {k: v for k, v in row.items() if k != "ideal_step_bytes_moved"}):
+        assert report.steady_bytes_versus_ideal(bad) == "-"
 
 
 def test_report_with_lp_bound_prints_the_ideal_over_it(tmp_path):
