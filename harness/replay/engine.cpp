@@ -548,16 +548,13 @@ bool Engine::end_step() {
   const uint64_t t = now - step_start_ns_;
   step_times_.push_back(t);
   step_spans_.push_back({step_start_ns_, now});
-  // The sim counts a copy's bytes when it is queued (api_copy.cpp), so the
-  // step's figure is what was queued in it, whether or not it has finished.
-  simcuda_memory_stats ms;
-  simcuda_get_memory_stats(device_, &ms);
-  const uint64_t d2h = ms.bytes_d2h - trace_d2h_, h2d = ms.bytes_h2d - trace_h2d_;
-  step_bytes_.push_back({d2h - moved_d2h_, h2d - moved_h2d_});
-  moved_d2h_ = d2h;
-  moved_h2d_ = h2d;
+  const auto moved = strategy_bytes();
+  step_bytes_.push_back({moved.first - counted_.first, moved.second - counted_.second});
+  counted_ = moved;
   ++steps_completed_;
   if (!o_.quiet && device_ == 0) {
+    simcuda_memory_stats ms;
+    simcuda_get_memory_stats(device_, &ms);
     std::fprintf(stderr,
                  "spillway-replay: step %" PRId64 " done (%" PRIu64 "/%" PRIu64
                  "): %.3f ms simulated, device peak %.1f MiB, moved %.1f / %.1f MiB\n",
@@ -567,6 +564,12 @@ bool Engine::end_step() {
                  static_cast<double>(step_bytes_.back().second) / (1 << 20));
   }
   return true;
+}
+
+std::pair<uint64_t, uint64_t> Engine::strategy_bytes() const {
+  simcuda_memory_stats ms;
+  simcuda_get_memory_stats(device_, &ms);
+  return {ms.bytes_d2h - trace_d2h_, ms.bytes_h2d - trace_h2d_};
 }
 
 bool Engine::sync_step() {
@@ -627,12 +630,6 @@ bool Engine::run() {
       ++step_;
       meet_at_step();
       step_start_ns_ = simcuda_now_ns();
-      if (step_ == 0) {  // what was queued before the first step is no step's
-        simcuda_memory_stats ms;
-        simcuda_get_memory_stats(device_, &ms);
-        moved_d2h_ = ms.bytes_d2h - trace_d2h_;
-        moved_h2d_ = ms.bytes_h2d - trace_h2d_;
-      }
       phase = 0;
       continue;
     }

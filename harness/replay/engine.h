@@ -71,9 +71,12 @@ class Engine {
   uint64_t median_step_ns() const;
   const std::vector<uint64_t>& step_times() const { return step_times_; }
   const std::vector<std::pair<uint64_t, uint64_t>>& step_spans() const { return step_spans_; }
-  // Per step, the bytes this device's copies queued between the step's start
-  // and its end beyond the record's own copies (spillway's, or an anchor
-  // strategy's): device-to-host, host-to-device.
+  // The bytes this device's copies queued beyond the record's own copies
+  // (spillway's, or an anchor strategy's) so far: device-to-host,
+  // host-to-device. The sim counts a copy when it is queued (api_copy.cpp).
+  std::pair<uint64_t, uint64_t> strategy_bytes() const;
+  // The same, per step: what was queued from the step before's end (step 0:
+  // the set-up too) to the step's end, done or not.
   const std::vector<std::pair<uint64_t, uint64_t>>& step_bytes() const { return step_bytes_; }
   const std::vector<MemorySample>& timeline() const { return timeline_; }
   uint64_t trace_h2d_bytes() const { return trace_h2d_; }
@@ -169,7 +172,7 @@ class Engine {
   std::vector<uint64_t> step_times_;
   std::vector<std::pair<uint64_t, uint64_t>> step_spans_;
   std::vector<std::pair<uint64_t, uint64_t>> step_bytes_;
-  uint64_t moved_d2h_ = 0, moved_h2d_ = 0;  // summed over step_bytes_, and before step 0
+  std::pair<uint64_t, uint64_t> counted_{0, 0};  // strategy_bytes() at the last step's end
   std::vector<MemorySample> timeline_;
   uint64_t trace_h2d_ = 0, trace_d2h_ = 0;
   uint64_t offload_bytes_ = 0, reload_bytes_ = 0;

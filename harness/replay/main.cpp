@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -429,8 +430,7 @@ int main(int argc, char** argv) {
   }
   const uint64_t unconstrained = o.baseline_child ? peak : base.peak;
   const uint64_t forced = unconstrained > budget ? unconstrained - budget : 0;
-  const uint64_t d2h = ms.bytes_d2h - e.trace_d2h_bytes();
-  const uint64_t h2d = ms.bytes_h2d - e.trace_h2d_bytes();
+  const auto [d2h, h2d] = e.strategy_bytes();
   const uint64_t median = e.median_step_ns();
   uint64_t stall = 0;
   for (size_t i = 0; i < e.step_times().size(); ++i) {
@@ -449,7 +449,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> handles_ns;
   spillway::policy::HandleChurn last_churn;
   std::vector<uint64_t> ideal_bytes_by_step;
-  uint64_t ideal_bytes = 0, ideal_move_ns = 0;
+  uint64_t ideal_move_ns = 0;
   bool ideal_fits = true;
   if (!o.baseline_child && budget) {
     ModelRules rules;
@@ -489,11 +489,12 @@ int main(int argc, char** argv) {
         handles_ns.push_back(b + over(id.handles));
         last_churn = id.churn;
       }
-      ideal_bytes += id.plan.bytes_out + id.plan.bytes_in;
       ideal_bytes_by_step.push_back(id.plan.bytes_out + id.plan.bytes_in);
       ideal_fits = ideal_fits && id.plan.fits;
     }
   }
+  const uint64_t ideal_bytes =
+      std::accumulate(ideal_bytes_by_step.begin(), ideal_bytes_by_step.end(), uint64_t{0});
   const StepBounds bounds = step_bounds(a, a.steps, budget, base);
   const std::vector<uint64_t>& lower_bounds = bounds.lower;
   const uint64_t lower_bound = median_of(lower_bounds);
