@@ -51,6 +51,7 @@ void ScheduleChooser::on_access(const Use& a) {
     named_[l.prev_key] = a.block;
   }
   if (launch != l.last_launch || l.nth == 0) {
+    if (l.nth > 0 && first_reuse_ == 0) first_reuse_ = at;
     // The nth use of a block live across both steps aligns them.
     if (l.key.carried)
       if (const std::vector<uint32_t>* u = predecessor_uses(l.key); u && l.nth < u->size())
@@ -117,6 +118,8 @@ void ScheduleChooser::on_step(uint64_t end) {
   offset_ = 0;
   recording_ = true;
   recorded_ = 0;
+  fresh_ = live_.empty();
+  first_reuse_ = 0;
   step_start_ = e;
   last_launch_ = e;
   by_launch_.assign(have_prev_ ? prev_len_ + 1 : 0, {});
@@ -135,26 +138,53 @@ uint32_t ScheduleChooser::drop_making_launches(uint32_t n) {
   // with the wrong launch, and its blocks' allocations would be expected
   // again. Work that repeats touches what the step makes: a gradient made in
   // backward reads activations, a loss reads the output, and an input's copy
-  // touches no weight.
-  std::vector<uint8_t> making(n + 1, 0), other(n + 1, 0), weight(n + 1, 0);
+  // touches no weight. A lasting block may hold several allocations (the
+  // rest of a cached block split off for the next, Allocator::malloc_part):
+  // a later use of one made by a launch left out counts as making too, so
+  // the second state tensor's fill goes with the first's, while an update
+  // that also reads a gradient (made by backward, which stays) is kept.
+  //
+  // A step with nothing live at its start (a job's first: its first mark
+  // comes after its first step()) made its weights too. Those are the blocks
+  // still live at its end that were allocated before its first launch F to
+  // use a block an earlier launch used (the set-up allocates the weights and
+  // fills them by copies or by kernels of their own), and before the launch
+  // ahead of F, whose own outputs are allocated just before it: they count
+  // as live from before the step. The output and the loss come later.
+  if (fresh_ && first_reuse_ > 0)
+    for (auto& [k, r] : cur_)
+      if (k.carried && r.made && r.free == StepModel::kLive && r.alloc + 1 < first_reuse_) {
+        r.made = false;
+        r.alloc = 0;
+      }
+  std::vector<uint8_t> lasting(n + 1, 0), other(n + 1, 0), weight(n + 1, 0);
+  std::vector<std::pair<uint32_t, uint32_t>> later;  // (a later use, that block's first)
   for (const auto& [k, r] : cur_) {
     if (!k.carried && r.free == StepModel::kLive) continue;  // also under its id
-    const bool makes = r.made && r.free == StepModel::kLive && !r.uses.empty();
+    const bool lasts = r.made && r.free == StepModel::kLive && !r.uses.empty();
     for (size_t i = 0; i < r.uses.size(); ++i) {
       const uint32_t u = r.uses[i];
       if (u > n) continue;
-      if (makes && i == 0)
-        making[u] = 1;
-      else if (r.made)
-        other[u] = 1;
-      else
+      if (!r.made) {
         weight[u] = 1;
+      } else if (!lasts) {
+        other[u] = 1;
+      } else {
+        lasting[u] = 1;
+        if (i > 0) later.emplace_back(u, r.uses[0]);
+      }
     }
   }
+  std::sort(later.begin(), later.end());
   // shift[u]: launches dropped up to launch number u.
   std::vector<uint32_t> shift(n + 1, 0);
+  size_t next = 0;
   for (uint32_t u = 1; u <= n; ++u) {
-    const bool drop = making[u] && weight[u] && !other[u];
+    bool drop = lasting[u] && weight[u] && !other[u];
+    for (; next < later.size() && later[next].first == u; ++next) {
+      const uint32_t f = later[next].second;  // < u: decided already
+      drop = drop && shift[f] != shift[f - 1];
+    }
     shift[u] = shift[u - 1] + drop;
     if (drop) dropped_.push_back(u - 1);
   }

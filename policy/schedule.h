@@ -176,6 +176,12 @@ class ScheduleChooser final : public VictimChooser {
   bool recording_ = true;
   size_t recorded_ = 0;
   size_t max_units_;
+  // No block was live at the step's start (the first step, before any mark):
+  // drop_making_launches then tells the set-up's blocks by first_reuse_.
+  bool fresh_ = true;
+  // The step's first launch (from 1) to use a block an earlier launch of the
+  // step used; 0 until one did.
+  uint32_t first_reuse_ = 0;
   uint64_t step_start_ = 0;   // the last launch number of the step before
   uint64_t last_launch_ = 0;  // latest launch number seen (or the step's start)
 };

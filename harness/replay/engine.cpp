@@ -627,8 +627,10 @@ bool Engine::run() {
         truncated_ = true;
         break;
       }
-      ++step_;
-      meet_at_step();
+      // A job marks after each optimizer step() (docs/python.md), so not
+      // before its first step: everything up to the first mark, the set-up
+      // included, is one step to spillway.
+      if (step_++ >= 0) meet_at_step();
       step_start_ns_ = simcuda_now_ns();
       phase = 0;
       continue;
@@ -668,6 +670,7 @@ bool Engine::run() {
     }
   }
   if (!truncated_ && !end_step()) return false;
+  if (step_ >= 0) meet_at_step();  // the last step()'s mark
   return true;
 }
 

@@ -436,6 +436,105 @@ TEST(ScheduleChooser, AFirstStepsLaunchesThatOnlyMadeLastingStateAreLeftOut) {
   EXPECT_EQ(1u, c.learned_launches());
 }
 
+// Two state tensors in one block (the second allocation split off the first
+// one's cached block): the second fill's use of the block is not its first,
+// yet it goes with the first fill, left out. The update that reads the
+// gradient too stays. Step 0 (after the weights' own step): backward makes G,
+// fills of S1 and S2 (both in block B) from W, the update W+G+B.
+TEST(ScheduleChooser, FillsOfStateSharingABlockAreLeftOutTogether) {
+  constexpr uint64_t W = 0x10000, G = 0x20000, B = 0x30000, A = 0x40000;
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(W);
+  f.launch({W});
+  f.step();
+  c.on_alloc(A);
+  f.launch({W, A});  // 1: forward
+  c.on_alloc(G);
+  f.launch({G, A});  // 2: backward
+  c.on_free(A);
+  c.on_alloc(B);
+  f.launch({B, W});     // 3: S1's fill
+  f.launch({B, W});     // 4: S2's, in the rest of B
+  f.launch({W, G, B});  // 5: the update
+  f.step();
+  EXPECT_EQ(std::vector<uint32_t>({2, 3}), c.dropped_launches());  // from 0
+  EXPECT_EQ(3u, c.learned_launches());
+  const spillway::policy::StepModel m = c.learned_step(0);
+  ASSERT_NE(nullptr, block_named(m, B));
+  EXPECT_TRUE(block_named(m, B)->carried);
+  EXPECT_EQ(std::vector<uint32_t>({2}), block_named(m, B)->uses);
+}
+
+// The same as a job marks it: its first mark comes after its first step(),
+// so the weights are made in the step too (allocated, and filled by kernels
+// of their own here). They are told by coming before the step's first
+// launch that uses a block an earlier launch used (the forward's first read
+// of a weight): they count as live from before the step, and the zero fills
+// that read them are left out as above. The output and the loss come after.
+// The input's copy comes before that launch too: it is taken as set-up,
+// which only makes the first model carry a block the next step replaces.
+// Set-up: W1 and W2 filled; then input X (its copy), forward through A to
+// output O, loss L, backward G, fills S1 and S2, updates.
+TEST(ScheduleChooser, AJobsFirstStepTellsTheSetUpsWeightsFromWhatTheStepMakes) {
+  using spillway::policy::StepModel;
+  constexpr uint64_t W1 = 0x10000, W2 = 0x20000, X = 0x30000, O = 0x40000, L = 0x50000, G = 0x60000,
+                     S1 = 0x70000, S2 = 0x80000, A = 0x90000;
+  ScheduleChooser c;
+  Feeder f(c);
+  c.on_alloc(W1);
+  f.launch({W1});  // 1: W1's fill
+  c.on_alloc(W2);
+  f.launch({W2});  // 2
+  c.on_alloc(X);
+  f.launch({X});  // 3: the input's copy
+  c.on_alloc(A);
+  f.launch({W1, X, A});  // 4: the first to use what an earlier launch used
+  c.on_alloc(O);
+  f.launch({W2, A, O});  // 5
+  c.on_alloc(L);
+  f.launch({O, L});  // 6
+  c.on_alloc(G);
+  f.launch({G, W1, A});  // 7
+  c.on_free(A);
+  c.on_alloc(S1);
+  f.launch({S1, W1});  // 8: left out
+  c.on_alloc(S2);
+  f.launch({S2, W2});     // 9: left out
+  f.launch({W1, G, S1});  // 10
+  f.launch({W2, G, S2});  // 11
+  c.on_free(G);
+  f.step();
+  EXPECT_EQ(std::vector<uint32_t>({7, 8}), c.dropped_launches());  // from 0
+  ASSERT_EQ(9u, c.learned_launches());
+  const StepModel m = c.learned_step(0);
+  for (uint64_t lasting : {W1, W2, S1, S2}) {
+    const StepModel::Block* b = block_named(m, lasting);
+    ASSERT_NE(nullptr, b);
+    EXPECT_TRUE(b->carried) << "live from before the next step";
+    EXPECT_EQ(0u, b->alloc);
+  }
+  EXPECT_EQ(std::vector<uint32_t>({0, 3, 6, 7}), block_named(m, W1)->uses);
+  EXPECT_EQ(std::vector<uint32_t>({7}), block_named(m, S1)->uses);
+  for (uint64_t made : {O, L}) {
+    const StepModel::Block* b = block_named(m, made);
+    ASSERT_NE(nullptr, b);
+    EXPECT_FALSE(b->carried) << "made each step";
+  }
+  EXPECT_EQ(5u, block_named(m, L)->alloc);
+
+  // The second step has live blocks at its start: its own weights-to-be (a
+  // block made before its first reuse, still live) are what it made.
+  f.launch({W1});
+  c.on_alloc(X + 1);
+  f.launch({X + 1});
+  f.launch({W1, X + 1});
+  f.step();
+  const StepModel next = c.learned_step(0);
+  ASSERT_NE(nullptr, block_named(next, X + 1));
+  EXPECT_FALSE(block_named(next, X + 1)->carried);
+}
+
 // Near a step's end the window reaches the next step: a block live across
 // steps is named for its first use there.
 TEST(ScheduleChooser, TheWindowReachesIntoTheNextStepForCarriedBlocks) {

@@ -4,7 +4,8 @@
 // non-blocking stream, so that a replay shows whether a step's end waits for
 // it (--step-sync context) or not (streams). Memory comes from cuMemAlloc
 // and is never freed: the test's record is small, and a free would need the
-// queued work that uses it to end first.
+// queued work that uses it to end first. Its statistics count the marks
+// (`steps_marked`).
 #include <cuda.h>
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 
 namespace {
 constexpr size_t kSideCopyBytes = 50'000'000;
+int marks = 0;  // the replayer marks from one thread
 
 struct Side {
   CUstream stream = nullptr;
@@ -42,12 +44,12 @@ __attribute__((visibility("default"))) void spillway_free(void*, size_t, int, CU
 
 __attribute__((visibility("default"))) void spillway_mark_step() {
   Side& s = side();
+  ++marks;
   if (cuMemcpyHtoDAsync(s.dev, s.host, kSideCopyBytes, s.stream) != CUDA_SUCCESS) std::abort();
 }
 
 __attribute__((visibility("default"))) size_t spillway_stats_json(char* buf, size_t size) {
-  static const char kJson[] = "{}";
-  if (buf && size) std::snprintf(buf, size, "%s", kJson);
-  return sizeof kJson - 1;
+  const int n = std::snprintf(buf, buf ? size : 0, "{\"steps_marked\": %d}", marks);
+  return n < 0 ? 0 : static_cast<size_t>(n);
 }
 }

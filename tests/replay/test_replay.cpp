@@ -488,10 +488,10 @@ TEST_F(ReplayTest, StepPlansAreMadeAndCarriedOutWithEveryByteKept) {
 // A step's end waits for the record's streams, as loss.item() does, not for
 // work the shim queued on a stream of its own (spillway's copies), unless
 // --step-sync context asks for every stream. The stand-in shim queues a
-// 50 ms copy (at 1 GB/s) on its own stream at each step mark, the one that
-// starts the first step included; each of the
+// 50 ms copy (at 1 GB/s) on its own stream at each step mark; each of the
 // record's three steps is one 1 ms kernel, and no copy of its own
-// (simulated time).
+// (simulated time). The replayer marks where a job does, after each step
+// and not before the first, so step 0 has no copy to wait for.
 TEST_F(ReplayTest, AStepsEndWaitsForTheRecordsStreamsOrTheWholeContextWhenAsked) {
   const std::string path = (dir_ / "kernels.spwt").string();
   {
@@ -515,11 +515,14 @@ TEST_F(ReplayTest, AStepsEndWaitsForTheRecordsStreamsOrTheWholeContextWhenAsked)
   const std::vector<double> s = streams.nums("step_times_ns"), c = context.nums("step_times_ns");
   ASSERT_EQ(s.size(), 3u) << streams.json;
   ASSERT_EQ(c.size(), 3u) << context.json;
-  // A mark comes at each step's start (the record's STEP), the first too.
-  for (size_t i = 0; i < 3; ++i) {
+  EXPECT_LT(s[0], 10e6) << "a copy was queued before step 0: a mark before the first step";
+  EXPECT_LT(c[0], 10e6) << "a copy was queued before step 0: a mark before the first step";
+  for (size_t i = 1; i < 3; ++i) {
     EXPECT_LT(s[i], 10e6) << "step " << i << " waited for the shim's stream";
     EXPECT_GE(c[i], 50e6) << "step " << i << " did not wait for the shim's stream";
   }
+  // One mark after each step, the last too, as a job's last step() makes.
+  EXPECT_EQ(streams.num("steps_marked"), 3) << streams.json;
   EXPECT_TRUE(streams.flag("integrity_ok"));
   EXPECT_TRUE(context.flag("integrity_ok"));
 }
