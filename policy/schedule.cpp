@@ -315,8 +315,35 @@ uint64_t ScheduleChooser::next_use(const Tracked& l) const {
   return (prev_len_ > t ? prev_len_ - t : 0) + uses->front();
 }
 
+std::vector<uint64_t> ScheduleChooser::first_step_order(std::vector<Candidate> c,
+                                                        size_t need) const {
+  struct Ranked {
+    bool recent;    // used within the guard: after the others
+    uint64_t idle;  // launches since its latest use
+    Candidate x;
+  };
+  std::vector<Ranked> ranked;
+  ranked.reserve(c.size());
+  for (const Candidate& x : c) {
+    auto it = live_.find(x.id);
+    // One this chooser never saw used counts as idle since ever.
+    const uint64_t idle = it == live_.end()
+                              ? UINT64_MAX
+                              : last_launch_ - std::min(last_launch_, it->second.last_launch);
+    ranked.push_back({idle <= kFirstStepGuard, idle, x});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    if (a.recent != b.recent) return !a.recent;
+    if (a.idle != b.idle) return a.recent ? a.idle > b.idle : a.idle < b.idle;
+    return used_earlier(a.x, b.x);
+  });
+  c.clear();
+  for (const Ranked& r : ranked) c.push_back(r.x);
+  return first_covering(c, need);
+}
+
 std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t need) {
-  if (!have_prev_) return LruChooser().choose(std::move(c), need);
+  if (!have_prev_) return first_step_order(std::move(c), need);
   return furthest_first(std::move(c), need, kUnknown);
 }
 

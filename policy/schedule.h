@@ -7,9 +7,9 @@
 //   touches. The kernel sequence repeats even when sequence lengths (and so
 //   sizes, and which tensors are large enough to be spillway's) change;
 // - a block that lives across steps (weights, optimizer state) is itself.
-// Victims are chosen furthest predicted next use first (Belady); before a
-// step has been seen, or for a block with no predecessor, by how long it has
-// gone unused. A prediction is only ever a preference: a wrong one costs a
+// Victims are chosen furthest predicted next use first (Belady); for a block
+// with no predecessor, by how long it has gone unused; before a step has
+// been seen, by first_step_order. A prediction is only ever a preference: a wrong one costs a
 // transfer, never a byte (the allocator restores whatever is used).
 #pragma once
 
@@ -92,6 +92,19 @@ class ScheduleChooser final : public VictimChooser {
   }
   size_t recorded() const { return recording_ ? recorded_ : 0; }  // units, this step
 
+  // Before any step is learned (a job's first), the blocks unused for more
+  // than kFirstStepGuard launches go first, the most recently used of them
+  // first, then the rest, least recently used first. Least recent use alone
+  // evicts what PyTorch's optimizer loop reads next (the parameters it has
+  // not reached are those used longest ago: llama7b's first step moved 4.5x
+  // the ideal's bytes); the most recent use alone evicts what the next
+  // launches read (a forward's newest activation: a first step under
+  // pressure in its forward twice as slow). Blocks idle a while, newest
+  // first, are the loop's parameters just updated, and a forward's
+  // activations kept for its backward rather than the weights of the
+  // layers ahead (docs/residency.md, sessions 30 and 32).
+  static constexpr uint64_t kFirstStepGuard = 64;
+
  private:
   // How a block is known across steps.
   struct Key {
@@ -147,6 +160,7 @@ class ScheduleChooser final : public VictimChooser {
   // with `beyond` (not kUnknown) only those predicted used after it.
   std::vector<uint64_t> furthest_first(std::vector<Candidate> c, size_t need,
                                        uint64_t beyond) const;
+  std::vector<uint64_t> first_step_order(std::vector<Candidate> c, size_t need) const;
   void record(Tracked& l, uint32_t at);
   Record& record_of(Tracked& l);
   // At a step's end, of `n` launches: drops from cur_ the launches that

@@ -48,8 +48,8 @@ std::vector<Candidate> candidates(std::initializer_list<uint64_t> ids) {
 
 }  // namespace
 
-// Before a step has ended there is nothing to predict from: least recently
-// used first.
+// Before a step has ended there is nothing to predict from: among blocks
+// used within the last kFirstStepGuard launches, least recently used first.
 TEST(ScheduleChooser, BeforeAStepEndsItChoosesLeastRecentlyUsed) {
   ScheduleChooser c;
   Feeder f(c);
@@ -60,6 +60,30 @@ TEST(ScheduleChooser, BeforeAStepEndsItChoosesLeastRecentlyUsed) {
   EXPECT_FALSE(c.learned());
   EXPECT_EQ(ScheduleChooser::kUnknown, c.next_use(1));
   EXPECT_EQ(std::vector<uint64_t>({1}), c.choose(candidates({1, 2, 3}), kMiB));
+}
+
+// Before a step has ended, blocks idle longer than kFirstStepGuard launches
+// go before the others, the most recently used of them first: an optimizer
+// loop's parameters just updated, not those it reads next (used longest
+// ago). The others follow, least recently used first.
+TEST(ScheduleChooser, BeforeAStepEndsTheBlocksIdleAWhileGoNewestFirst) {
+  ScheduleChooser c;
+  Feeder f(c);
+  for (uint64_t id : {1, 2, 3, 4, 5}) c.on_alloc(id);
+  f.launch({1});
+  f.launch({2});
+  f.launch({3});
+  for (uint64_t i = 0; i < ScheduleChooser::kFirstStepGuard; ++i) f.launch({4});
+  f.launch({5});
+  // Idle: 1 for 67 launches, 2 for 66, 3 for 65; 4 for 1, 5 for 0.
+  EXPECT_FALSE(c.learned());
+  EXPECT_EQ(std::vector<uint64_t>({3}), c.choose(candidates({1, 2, 3, 4, 5}), kMiB));
+  EXPECT_EQ(std::vector<uint64_t>({3, 2, 1}), c.choose(candidates({1, 2, 3, 4, 5}), 3 * kMiB));
+  EXPECT_EQ(std::vector<uint64_t>({3, 2, 1, 4}), c.choose(candidates({1, 2, 3, 4, 5}), 4 * kMiB));
+  // A block this chooser never saw used counts as idle since ever: among
+  // the idle ones, after every block it saw.
+  EXPECT_EQ(std::vector<uint64_t>({3, 2, 1, 9}),
+            c.choose(candidates({9, 1, 2, 3, 4, 5}), 4 * kMiB));
 }
 
 // Step 0 uses A B C A B; in step 1 (new blocks, new ids, same allocation
