@@ -9,8 +9,9 @@
 // - a block that lives across steps (weights, optimizer state) is itself.
 // Victims are chosen furthest predicted next use first (Belady); for a block
 // with no predecessor, by how long it has gone unused; before a step has
-// been seen, by first_step_order. A prediction is only ever a preference: a wrong one costs a
-// transfer, never a byte (the allocator restores whatever is used).
+// been seen, by first_step_order. A prediction is only ever a preference: a
+// wrong one costs a transfer, never a byte (the allocator restores whatever
+// is used).
 #pragma once
 
 #include <algorithm>
@@ -96,13 +97,13 @@ class ScheduleChooser final : public VictimChooser {
   // than kFirstStepGuard launches go first, the most recently used of them
   // first, then the rest, least recently used first. Least recent use alone
   // evicts what PyTorch's optimizer loop reads next (the parameters it has
-  // not reached are those used longest ago: llama7b's first step moved 4.5x
-  // the ideal's bytes); the most recent use alone evicts what the next
+  // not reached are those used longest ago: llama7b's first step moved over
+  // 4x the ideal's bytes); the most recent use alone evicts what the next
   // launches read (a forward's newest activation: a first step under
-  // pressure in its forward twice as slow). Blocks idle a while, newest
-  // first, are the loop's parameters just updated, and a forward's
-  // activations kept for its backward rather than the weights of the
-  // layers ahead (docs/residency.md, sessions 30 and 32).
+  // pressure in its forward up to twice as slow). Blocks idle a while,
+  // newest first, are the loop's parameters just updated, and in a forward
+  // activations kept for its backward, not those the next launches read
+  // (docs/residency.md, sessions 30 and 32).
   static constexpr uint64_t kFirstStepGuard = 64;
 
  private:
