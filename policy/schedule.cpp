@@ -317,29 +317,18 @@ uint64_t ScheduleChooser::next_use(const Tracked& l) const {
 
 std::vector<uint64_t> ScheduleChooser::first_step_order(std::vector<Candidate> c,
                                                         size_t need) const {
-  struct Ranked {
-    bool recent;    // used within the guard: after the others
-    uint64_t idle;  // launches since its latest use
-    Candidate x;
-  };
-  std::vector<Ranked> ranked;
+  std::vector<std::pair<uint64_t, Candidate>> ranked;  // (rank, candidate)
   ranked.reserve(c.size());
   for (const Candidate& x : c) {
     auto it = live_.find(x.id);
     // One this chooser never saw used counts as idle since ever.
-    const uint64_t idle = it == live_.end()
-                              ? UINT64_MAX
-                              : last_launch_ - std::min(last_launch_, it->second.last_launch);
-    ranked.push_back({idle <= kFirstStepGuard, idle, x});
+    const uint64_t idle = it == live_.end() ? UINT64_MAX : idle_launches(it->second);
+    // Idle past the guard: ranks above every other (kFirstStepGuard + 1 and
+    // up), the least idle highest; within it: the most idle highest.
+    const uint64_t rank = idle > kFirstStepGuard ? UINT64_MAX - (idle - kFirstStepGuard - 1) : idle;
+    ranked.push_back({rank, x});
   }
-  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
-    if (a.recent != b.recent) return !a.recent;
-    if (a.idle != b.idle) return a.recent ? a.idle > b.idle : a.idle < b.idle;
-    return used_earlier(a.x, b.x);
-  });
-  c.clear();
-  for (const Ranked& r : ranked) c.push_back(r.x);
-  return first_covering(c, need);
+  return highest_first(std::move(ranked), need);
 }
 
 std::vector<uint64_t> ScheduleChooser::choose(std::vector<Candidate> c, size_t need) {
@@ -359,14 +348,20 @@ std::vector<uint64_t> ScheduleChooser::furthest_first(std::vector<Candidate> c, 
     } else if (d == kUnknown) {
       // No prediction: as long as it has gone unused, a guess that ranks it
       // among the predicted ones (least recently used goes first).
-      d = it == live_.end() ? 0 : last_launch_ - std::min(last_launch_, it->second.last_launch);
+      d = it == live_.end() ? 0 : idle_launches(it->second);
     }
     ranked.push_back({d, x});
   }
+  return highest_first(std::move(ranked), need);
+}
+
+std::vector<uint64_t> ScheduleChooser::highest_first(
+    std::vector<std::pair<uint64_t, Candidate>> ranked, size_t need) {
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : used_earlier(a.second, b.second);
   });
-  c.clear();
+  std::vector<Candidate> c;
+  c.reserve(ranked.size());
   for (const auto& r : ranked) c.push_back(r.second);
   return first_covering(c, need);
 }

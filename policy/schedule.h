@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "planner.h"
@@ -162,6 +163,14 @@ class ScheduleChooser final : public VictimChooser {
   std::vector<uint64_t> furthest_first(std::vector<Candidate> c, size_t need,
                                        uint64_t beyond) const;
   std::vector<uint64_t> first_step_order(std::vector<Candidate> c, size_t need) const;
+  // The candidates by rank, highest first (ties: the older use first), as
+  // many as cover `need`.
+  static std::vector<uint64_t> highest_first(std::vector<std::pair<uint64_t, Candidate>> ranked,
+                                             size_t need);
+  // Launches since the block's latest use (or its allocation).
+  uint64_t idle_launches(const Tracked& l) const {
+    return last_launch_ - std::min(last_launch_, l.last_launch);
+  }
   void record(Tracked& l, uint32_t at);
   Record& record_of(Tracked& l);
   // At a step's end, of `n` launches: drops from cur_ the launches that
