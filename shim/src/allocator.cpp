@@ -393,6 +393,7 @@ bool Allocator::try_free(void* ptr, size_t size, CUstream stream) {
     return true;
   }
   streams_->clear_marks(*b);
+  if (b->large) streams_->freed(*b);
   // A block freed during its eviction copy keeps its device copy.
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;

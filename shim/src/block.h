@@ -50,6 +50,8 @@ struct Block {
   // whoever finishes the eviction waits for that copy, not for the ones
   // queued after it (copy_streams.h).
   UseMark* departure = nullptr;
+  // Freed, and no mark recorded on its stream since (CopyStreams::freed).
+  bool unfenced = false;
   bool large = false;
   bool live = false;
   Where where = Where::kDevice;

@@ -75,7 +75,58 @@ UseMark* CopyStreams::record_mark(CUstream s) {
     free_marks_.push_back(m);
     return nullptr;
   }
+  fence(s, m);
   return m;
+}
+
+std::vector<Block*>* CopyStreams::unfenced_on(CUstream s) {
+  for (auto& [stream, v] : unfenced_)
+    if (stream == s) return &v;
+  return nullptr;
+}
+
+void CopyStreams::fence(CUstream s, UseMark* m) {
+  std::vector<Block*>* v = unfenced_on(s);
+  if (!v || v->empty()) return;
+  for (Block* b : *v) {
+    b->unfenced = false;
+    set_mark(*b, s, m);
+  }
+  v->clear();
+}
+
+void CopyStreams::freed(Block& b) {
+  std::vector<Block*>* v = unfenced_on(b.stream);
+  if (!v) v = &unfenced_.emplace_back(b.stream, std::vector<Block*>{}).second;
+  v->push_back(&b);
+  b.unfenced = true;
+  // A stream capturing a graph gets no fence: its blocks wait for its tail.
+  if (v->size() >= kFreesPerFence && not_capturing(b.stream) == CUDA_SUCCESS) record_mark(b.stream);
+}
+
+void CopyStreams::reused(Block& b) {
+  if (b.unfenced) {
+    if (std::vector<Block*>* v = unfenced_on(b.stream)) std::erase(*v, &b);
+    b.unfenced = false;
+  }
+  clear_marks(b);
+}
+
+CUresult CopyStreams::wait_freed(Block& b) {
+  if (b.unfenced && not_capturing(b.stream) == CUDA_SUCCESS) record_mark(b.stream);
+  if (const UseMark* m = mark_of(b, b.stream)) return wait_event(m->ev.get(), false);
+  return drain(b.stream);
+}
+
+CUresult CopyStreams::query_freed(const Block& b) const {
+  const UseMark* m = mark_of(b, b.stream);
+  return m ? d_.cuEventQuery(m->ev.get()) : CUDA_ERROR_NOT_READY;
+}
+
+CUresult CopyStreams::order_after_freed(CUstream waiter, Block& b) {
+  if (const UseMark* m = mark_of(b, b.stream))
+    return CU_CALL(d_, cuStreamWaitEvent, waiter, m->ev.get(), 0);
+  return order_after(waiter, b.stream);
 }
 
 UseMark* CopyStreams::mark_of(const Block& b, CUstream s) const {

@@ -78,6 +78,25 @@ class CopyStreams {
   // use of the blocks is seen (before_use clears a stream's mark); streams
   // capturing a graph are left without.
   void mark_tails(const std::vector<Block*>& blocks);
+  // A large block freed into the cache may still be read or written by work
+  // queued on its stream before the free: its memory is released (unmapped)
+  // or given to another stream only after that work. Not after the stream's
+  // tail found then (the job's thread would wait for everything it has
+  // queued since, losing its lead over the GPU, at every release of a cached
+  // block): after the first mark recorded on its stream since the free, a
+  // launch's (record_mark) or a fence recorded once kFreesPerFence blocks
+  // freed on that stream wait for one.
+  void freed(Block& b);
+  // Taken from the cache for a new allocation: it waits for nothing more.
+  void reused(Block& b);
+  // The host waits for the work queued on `b`'s stream before its free: its
+  // fence, or, with none yet, one recorded now at that stream's tail and
+  // shared by every freed block waiting for one there.
+  CUresult wait_freed(Block& b);
+  // Whether that work is known done (its fence has completed), not waiting.
+  CUresult query_freed(const Block& b) const;
+  // `waiter` waits for the same in stream order.
+  CUresult order_after_freed(CUstream waiter, Block& b);
   // A prefetch's copy into `b` not yet swapped in (its mark on the H2D
   // stream), or null.
   const UseMark* arrival(const Block& b) const { return mark_of(b, h2d()); }
@@ -116,6 +135,11 @@ class CopyStreams {
   uint64_t waited_ns_ = 0;  // under the allocator's lock, as every call here
   std::vector<std::unique_ptr<UseMark>> marks_;
   std::vector<UseMark*> free_marks_;
+  // Freed blocks no mark has followed yet, by stream (freed).
+  static constexpr size_t kFreesPerFence = 8;
+  std::vector<std::pair<CUstream, std::vector<Block*>>> unfenced_;
+  std::vector<Block*>* unfenced_on(CUstream s);
+  void fence(CUstream s, UseMark* m);
 };
 
 }  // namespace spillway

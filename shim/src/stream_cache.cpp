@@ -16,13 +16,19 @@ Block* StreamCache::take_large(size_t cap, size_t slack, CUstream stream, CopySt
     return nullptr;
   };
   if (auto it = large_.find(stream); it != large_.end())
-    if (Block* b = take_from(it->second)) return b;
+    if (Block* b = take_from(it->second)) {
+      streams.reused(*b);
+      return b;
+    }
   // Another stream's free block: usable once this stream is ordered after all
-  // the work the freeing stream had queued (contract 3).
+  // the work the freeing stream had queued before the free (contract 3).
   for (auto& [other, m] : large_) {
     if (other == stream) continue;
     if (Block* b = take_from(m)) {
-      if (streams.order_after(stream, other) == CUDA_SUCCESS) return b;
+      if (streams.order_after_freed(stream, *b) == CUDA_SUCCESS) {
+        streams.reused(*b);
+        return b;
+      }
       m[b->cap].push_back(b);  // could not order: leave it where it was
     }
   }
@@ -177,28 +183,32 @@ size_t StreamCache::release_chunks(size_t want, CopyStreams& streams,
 size_t StreamCache::release(size_t want, CopyStreams& streams, const ReleaseChunk& release_chunk,
                             const ReleaseLarge& release_large) {
   size_t freed = release_chunks(want, streams, release_chunk);
-  for (auto& [stream, m] : large_) {
-    if (freed >= want) break;
-    bool any = false;
-    for (auto& [cap, v] : m) any = any || !v.empty();
-    if (!any || streams.drain(stream) != CUDA_SUCCESS) continue;
-    for (auto& [cap, v] : m) {
-      for (size_t i = 0; i < v.size() && freed < want;) {
-        Block* b = v[i];
-        // A block whose eviction was cancelled is referenced by that batch
-        // until it finishes.
-        if (b->where != Block::Where::kDevice) {
-          ++i;
-          continue;
+  // First the blocks whose work before their free is done, then the others,
+  // waiting for that work: a block freed long ago costs no wait.
+  for (const bool wait : {false, true}) {
+    for (auto& [stream, m] : large_) {
+      for (auto& [cap, v] : m) {
+        for (size_t i = 0; i < v.size() && freed < want;) {
+          Block* b = v[i];
+          // A block whose eviction was cancelled is referenced by that batch
+          // until it finishes.
+          const bool ready =
+              b->where == Block::Where::kDevice &&
+              (wait ? streams.wait_freed(*b) : streams.query_freed(*b)) == CUDA_SUCCESS;
+          if (!ready) {
+            ++i;
+            continue;
+          }
+          const size_t bytes = b->cap;
+          streams.reused(*b);  // its fence goes back to the pool with it
+          if (!release_large(b)) {
+            ++i;
+            continue;
+          }
+          freed += bytes;
+          v[i] = v.back();
+          v.pop_back();
         }
-        const size_t bytes = b->cap;
-        if (!release_large(b)) {
-          ++i;
-          continue;
-        }
-        freed += bytes;
-        v[i] = v.back();
-        v.pop_back();
       }
     }
   }

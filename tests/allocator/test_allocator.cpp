@@ -1677,6 +1677,44 @@ TEST_F(AllocatorTest, ATailMarkCoversTheWorkQueuedBeforeItAlone) {
   ASSERT_CU(cuStreamDestroy(other));
 }
 
+// A block freed into the cache waits, for its release, for the first mark
+// recorded on its stream after its free: one of a launch, or a fence that
+// the eighth freed block without one records. A block taken again before
+// that keeps no mark; one released with none records the fence then, at the
+// stream's tail (CopyStreams::freed). Simulated time.
+TEST_F(AllocatorTest, AFreedBlockWaitsForTheFirstMarkAfterItsFree) {
+  ASSERT_NE(nullptr, driver_);
+  spillway::CopyStreams cs(*driver_);
+  ASSERT_TRUE(cs);
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  std::vector<spillway::Block> b(10);
+  for (auto& blk : b) blk.stream = s;
+  const uint64_t t0 = simcuda_now_ns();
+  queue_10ms(s);
+  cs.freed(b[0]);
+  cs.freed(b[8]);
+  cs.reused(b[8]);  // taken again: out of the fence's blocks
+  queue_10ms(s);    // after b[0]'s free, before its fence
+  EXPECT_EQ(CUDA_ERROR_NOT_READY, cs.query_freed(b[0]));
+  for (int i = 1; i < 8; ++i) cs.freed(b[i]);  // the eighth records the fence
+  EXPECT_TRUE(b[8].marks.empty());
+  queue_10ms(s);  // after the fence
+  queue_10ms(s);
+  ASSERT_CU(cs.wait_freed(b[0]));
+  const uint64_t fenced = simcuda_now_ns() - t0;
+  EXPECT_GE(fenced, 19'000'000u) << "did not wait for the work before the fence";
+  EXPECT_LT(fenced, 30'000'000u) << "waited for work queued after the fence";
+  EXPECT_CU(cs.query_freed(b[7]));  // the same fence, done
+  cs.freed(b[9]);                   // no fence follows it
+  queue_10ms(s);
+  ASSERT_CU(cs.wait_freed(b[9]));
+  EXPECT_GE(simcuda_now_ns() - t0, 49'000'000u) << "released before the work queued before it";
+  ASSERT_CU(cuCtxSynchronize());
+  for (auto& blk : b) cs.reused(blk);
+  ASSERT_CU(cuStreamDestroy(s));
+}
+
 // A plan is carried into the step after two alike ones, which may not be
 // like them (a batch of other sequence lengths): once the step's allocations
 // stray from those of the plan's step, the plan is dropped, and nothing it
@@ -1991,6 +2029,61 @@ TEST_F(AllocatorTest, AnEvictionCopyWaitsForTheBlocksLastUseNotTheStreamsTail) {
   EXPECT_EQ(0u, mismatches());
   for (void* q : p) a->free(q, 4 * MiB, s);
   ASSERT_CU(cuStreamDestroy(s));
+}
+
+// A large block freed into the cache is released (unmapped, to make room)
+// once the work queued on its stream before its free is done: the first
+// mark recorded there after the free, not the stream's tail at the release.
+// With no mark since the free, the tail it is: work queued before the free
+// may still use the block. Simulated time.
+TEST_F(AllocatorTest, ACachedBlockIsReleasedAfterTheWorkBeforeItsFreeNotTheStreamsTail) {
+  // Returns the simulated time the host spent in an allocation that must
+  // release the freed block.
+  auto release_after = [&](bool marked_after_free) -> uint64_t {
+    auto a = make(8 * MiB);
+    EXPECT_NE(nullptr, a);
+    CUstream s = nullptr;
+    EXPECT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void* p[3];
+    for (int i = 0; i < 3; ++i) {  // the third evicts: the job is over its budget
+      p[i] = a->malloc(4 * MiB, s);
+      EXPECT_NE(nullptr, p[i]);
+      fill(p[i], 4 * MiB, 900u + static_cast<uint64_t>(i), s);
+    }
+    EXPECT_CU(cuStreamSynchronize(s));
+    std::vector<void*> on_device;
+    for (void* q : p)
+      if (a->residency(q) == Allocator::Residency::kDevice) on_device.push_back(q);
+    EXPECT_EQ(2u, on_device.size());
+    void* x = on_device[0];
+    void* freed = on_device[1];
+    const uint64_t x_seed = 900u + static_cast<uint64_t>(std::find(p, p + 3, x) - p);
+    if (!marked_after_free) queue_10ms(s);  // queued before the free: it may use the block
+    a->free(freed, 4 * MiB, s);
+    // A launch on the stream after the free: its mark follows the free.
+    const uintptr_t xp = reinterpret_cast<uintptr_t>(x);
+    const spillway::Touch t{xp, xp + 1};
+    spillway::Access acc;
+    acc.stream = s;
+    acc.seq = 1;
+    a->before_use(acc, &t, 1);
+    check(x, 4 * MiB, x_seed, s);
+    a->after_use(s, &t, 1);
+    if (marked_after_free) queue_10ms(s);  // after the free and its mark
+    const uint64_t t0 = simcuda_now_ns();
+    void* y = a->malloc(6 * MiB, s);  // larger: the freed block cannot serve it
+    const uint64_t spent = simcuda_now_ns() - t0;
+    EXPECT_NE(nullptr, y);
+    EXPECT_EQ(1u, a->stats().cached_releases);
+    EXPECT_EQ(0u, mismatches());
+    a->free(y, 6 * MiB, s);
+    for (void* q : p)
+      if (q != freed) a->free(q, 4 * MiB, s);
+    EXPECT_CU(cuStreamDestroy(s));
+    return spent;
+  };
+  EXPECT_LT(release_after(true), 1'000'000u) << "waited for work queued after the free";
+  EXPECT_GE(release_after(false), 9'000'000u) << "did not wait for work queued before the free";
 }
 
 // An on-demand restore's copy waits for the block's own last use (its
