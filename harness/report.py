@@ -188,9 +188,10 @@ TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / bu
               "| D2H / H2D MiB | step ms | last step ms | overhead | lower bound ms | stall ms "
               "| ideal last step ms | spillway / ideal (time, bytes) | ideal / last step's bound "
               "| heaviest step: spillway / ideal | steady: spillway / ideal | steady bytes: spillway / ideal "
-              "| steady: ideal / cyclic bound | steady: ideal / LP bound |\n"
+              "| steady: ideal / cyclic bound | steady: ideal / LP bound "
+              "| over the runs: spillway / ideal (time, bytes) |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-              "| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 
 
 def versus_ideal(row: dict) -> str:
@@ -356,7 +357,7 @@ def table(rows: list[dict]) -> str:
             f"| {fmt_ms(r.get('ideal_step_time_ns'))} | {versus_ideal(r)} "
             f"| {ideal_over_bound(r)} | {heaviest_step(r)} | {steady_versus_ideal(r)} "
             f"| {steady_bytes_versus_ideal(r)} "
-            f"| {steady_ideal_over_bound(r)} | {steady_over_lp_bound(r)} |\n")
+            f"| {steady_ideal_over_bound(r)} | {steady_over_lp_bound(r)} | {over_runs(r)} |\n")
     return "".join(out)
 
 
@@ -402,7 +403,11 @@ step over the same steps against the LP bound (`--lp-bound`:
 harness/lp_bound.py, the linear relaxation of every plan of the ideal's
 class over those steps, with the copy engines' rates and each block's
 windows; never above what such a plan achieves, nor below the baseline),
-'-' without it.
+'-' without it. *over the runs*: with `--runs N`, spillway is replayed N
+times a case (its background threads meet the job's at other points of
+virtual time from run to run); its row is the run of the median last
+step, and this column the median [min-max] of every run's spillway / ideal
+(last step's time, bytes over all steps).
 """
 
 
@@ -520,7 +525,12 @@ def plot_overhead(rows: list[dict], title: str, out: Path) -> Path:
 
 def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategies: list[str],
                out: Path, no_data_traces: set[str], steps: int | None = None,
-               jobs: int = 1) -> list[dict]:
+               jobs: int = 1, runs: int = 1) -> list[dict]:
+    """Every (trace, budget, strategy) once, spillway's `runs` times: its
+    background threads meet the job's at other points of virtual time from
+    run to run, so one run's figure may sit anywhere in a wide spread
+    (docs/residency.md, session 33). The row kept is the median run
+    (`median_run`), with every run's ratios in its `runs`."""
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     tasks = []
@@ -534,10 +544,12 @@ def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategie
         for pct in budgets:
             dev = int(peak * pct / 100)
             for s in strategies:
-                stem = f"{name}_{pct:g}_{s}"
-                tasks.append(dict(trace=tr, name=name, pct=pct, dev=dev, strategy=s, no_data=nd,
-                                  json=runs_dir / f"{stem}.json",
-                                  chrome=runs_dir / f"{stem}.trace.json"))
+                n = runs if s == "spillway" else 1
+                for k in range(n):
+                    stem = f"{name}_{pct:g}_{s}" + (f"_run{k}" if n > 1 else "")
+                    tasks.append(dict(trace=tr, name=name, pct=pct, dev=dev, strategy=s,
+                                      no_data=nd, json=runs_dir / f"{stem}.json",
+                                      chrome=runs_dir / f"{stem}.trace.json"))
 
     done = [0]
     done_lock = threading.Lock()
@@ -547,7 +559,7 @@ def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategie
                      t["json"], t["chrome"])
         rep.pop("stdout", None)
         rep.update(trace_name=t["name"], budget_pct=t["pct"], budget_label=budget_label(t["pct"]),
-                   device_bytes=t["dev"], chrome_trace=str(t["chrome"]))
+                   device_bytes=t["dev"], chrome_trace=str(t["chrome"]), json_path=str(t["json"]))
         with done_lock:  # runs end in any order with --jobs: the count is of runs finished
             done[0] += 1
             k = done[0]
@@ -558,8 +570,56 @@ def run_matrix(binary: Path, traces: list[Path], budgets: list[float], strategie
         return rep
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        rows = list(ex.map(one, tasks))
-    return rows
+        done_runs = list(ex.map(one, tasks))
+    rows, groups = [], {}
+    for r in done_runs:  # in the tasks' order: a case's runs are together
+        key = (r["trace_name"], r["budget_pct"], r["strategy"])
+        if key not in groups:
+            groups[key] = []
+            rows.append(key)
+        groups[key].append(r)
+    return [median_run(groups[key]) for key in rows]
+
+
+def ratios(row: dict) -> tuple[float, float | None] | None:
+    """spillway / ideal of one run: the last step's time, and the bytes moved
+    over `min_bytes_moved` (None where the ideal moves nothing)."""
+    last, ideal = last_step_ns(row), row.get("ideal_step_time_ns")
+    if not last or not ideal:
+        return None
+    moved = row.get("bytes_device_to_host", 0) + row.get("bytes_host_to_device", 0)
+    least = row.get("min_bytes_moved")
+    return last / ideal, (moved / least if least else None)
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose last step is the median of the runs' (the upper of the
+    two middle ones for an even count; by the median step where a run has
+    no last step), every run's ratios in its `runs` when there are several:
+    the row shows one real run, not a mix of figures from several."""
+    if len(runs) == 1:
+        return runs[0]
+    def key(r):
+        last = last_step_ns(r)
+        return (last is None, last if last is not None else r.get("sim_step_time_ns") or 0)
+    ordered = sorted(runs, key=key)
+    row = dict(ordered[len(ordered) // 2])
+    row["runs"] = [dict(json=r.get("json_path"), ratios=ratios(r), oom=r.get("oom"),
+                        integrity_ok=r.get("integrity_ok"), exit=r.get("exit")) for r in runs]
+    row["exit"] = max(r["exit"] for r in runs)  # a failed run fails the report
+    return row
+
+
+def over_runs(row: dict) -> str:
+    """Median [range] over the runs of spillway / ideal, time and bytes."""
+    rs = [x["ratios"] for x in row.get("runs") or [] if x["ratios"]]
+    if len(rs) < 2:
+        return "-"
+    def spread(xs):
+        return f"{_median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]"
+    times = [t for t, _ in rs]
+    moved = [b for _, b in rs if b is not None]
+    return f"{spread(times)}, {spread(moved) if moved else '-'} ({len(rs)} runs)"
 
 
 ANCHORS = ["save_on_cpu", "torchtune", "layerwise"]
@@ -705,6 +765,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="replay only the first N steps")
     ap.add_argument("--replay", default=str(REPO / "build" / "bin" / "spillway-replay"))
     ap.add_argument("--jobs", type=int, default=1, help="replays run at once (each is one core)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="replay spillway N times a case: its row is the median run, and a column "
+                         "gives every run's spread (the other strategies run once)")
     ap.add_argument("--equal-peak", action="store_true",
                     help="then replay spillway with its budget at each anchor's peak at 100%% "
                          "(needs budget 100 and the anchors among the strategies)")
@@ -737,13 +800,15 @@ def main(argv=None) -> int:
             ap.error(f"trace {t} not found")
     plot_budgets = ([float(b.rstrip("%")) for b in parse_list(a.plot_budgets)]
                     if a.plot_budgets else [b for b in budgets if b < 100] or budgets[:1])
+    if a.runs < 1:
+        ap.error(f"--runs must be 1 or more, not {a.runs}")
     if a.equal_peak and (100 not in budgets or not set(ANCHORS) & set(strategies)):
         ap.error("--equal-peak needs budget 100 and at least one of " + ", ".join(ANCHORS))
     out = Path(a.out)
     t0 = time.monotonic()
     try:
         rows = run_matrix(binary, traces, budgets, strategies, out,
-                          set(parse_list(a.no_data_traces)), a.steps, a.jobs)
+                          set(parse_list(a.no_data_traces)), a.steps, a.jobs, a.runs)
         pairs = (run_equal_peak(binary, rows, out, set(parse_list(a.no_data_traces)), a.steps,
                                 a.jobs) if a.equal_peak else None)
         if a.lp_bound:

@@ -301,3 +301,36 @@ def test_a_budget_the_lp_cannot_meet_leaves_the_column_empty(tmp_path, capsys):
     assert "lp_bound" not in row
     assert "LP bound: six 60%: none (the budget cannot be met" in capsys.readouterr().err
     assert report.steady_over_lp_bound(row) == "-"
+
+
+def test_runs_keep_the_median_run_and_every_runs_spread(tiny, tmp_path):
+    out = tmp_path / "report"
+    rc = report.main(["--traces", str(tiny), "--budgets", "60", "--strategies", "spillway,none",
+                      "--runs", "3", "--out", str(out), "--replay", str(REPLAY)])
+    assert rc == 0
+    names = sorted(p.name for p in (out / "runs").glob("tiny_60_*.json")
+                   if not p.name.endswith(".trace.json"))
+    # spillway three times, the plain allocator (no background thread) once.
+    assert names == ["tiny_60_none.json", "tiny_60_spillway_run0.json",
+                     "tiny_60_spillway_run1.json", "tiny_60_spillway_run2.json"]
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["strategy"] for r in rows] == ["spillway", "none"]
+    row = rows[0]
+    lasts = sorted(json.loads((out / "runs" / n).read_text())["step_times_ns"][-1]
+                   for n in names[1:])
+    assert report.last_step_ns(row) == lasts[1]  # the median run's own figures
+    assert len(row["runs"]) == 3 and "runs" not in rows[1]
+    times = sorted(x["ratios"][0] for x in row["runs"])
+    assert times[1] == pytest.approx(report.last_step_ns(row) / row["ideal_step_time_ns"])
+    col = report.over_runs(row)
+    assert col.startswith(f"{times[1]:.2f}x [{times[0]:.2f}-{times[2]:.2f}], ")
+    assert col.endswith("(3 runs)")
+    assert f"| {col} |" in (out / "report.md").read_text()
+    assert report.over_runs(rows[1]) == "-"
+
+
+def test_runs_must_be_at_least_one(tiny, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        report.main(["--traces", str(tiny), "--runs", "0", "--out", str(tmp_path),
+                     "--replay", str(REPLAY)])
+    assert e.value.code == 2
