@@ -21,7 +21,8 @@ uint64_t round_up(uint64_t v, uint64_t a) {
 
 }  // namespace
 
-spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const ModelRules& r) {
+spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const ModelRules& r,
+                                       bool carry) {
   using spillway::policy::StepModel;
   StepModel m;
   m.launch_host_ns = r.launch_host_ns;
@@ -93,7 +94,7 @@ spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const M
   for (StepModel::Block& b : m.blocks) {
     // Live through the whole step, from before it to after it: the step
     // repeats its uses (weights, optimizer state).
-    b.carried = b.alloc == 0 && b.free == StepModel::kLive;
+    b.carried = carry && b.alloc == 0 && b.free == StepModel::kLive;
     // Never used in the step and live throughout: it could leave and never
     // come back in this step; the planner sees that from its empty uses.
   }
@@ -101,7 +102,8 @@ spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const M
 }
 
 Ideal ideal(const Analysis& a, uint64_t step, const ModelRules& r,
-            const spillway::policy::PlanOptions& o, const spillway::policy::VmmCallCosts& c) {
+            const spillway::policy::PlanOptions& o, const spillway::policy::VmmCallCosts& c,
+            bool without_foresight) {
   Ideal out;
   spillway::policy::StepModel m = step_model(a, step, r);
   if (m.launch_ns.empty()) return out;
@@ -118,6 +120,18 @@ Ideal ideal(const Analysis& a, uint64_t step, const ModelRules& r,
     m.host_extra_ns = out.churn.job_ns;
     m.fetch_extra_ns = out.churn.mover_ns;
     out.handles = spillway::policy::predict(m, o, out.plan.moves);
+  }
+  if (without_foresight) {
+    // With nothing carried the two models are one: the plan is the same.
+    const bool any_carried =
+        std::any_of(m.blocks.begin(), m.blocks.end(), [](const auto& b) { return b.carried; });
+    out.fresh = out.plan;
+    out.fresh_unconstrained = out.unconstrained;
+    if (any_carried) {
+      const spillway::policy::StepModel fresh = step_model(a, step, r, false);
+      out.fresh = spillway::policy::plan_step(fresh, o);
+      out.fresh_unconstrained = spillway::policy::predict(fresh, unlimited, {});
+    }
   }
   out.valid = true;
   return out;

@@ -23,9 +23,11 @@ struct ModelRules {
 
 // Step `step` of the trace: its launches (kernels, copies and sets, with
 // their recorded durations), its large allocations as blocks (those live
-// when it starts from launch 0; live throughout it: carried), and the peak
-// of its small allocations, in whole chunks, as pinned bytes.
-spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const ModelRules& r);
+// when it starts from launch 0; live throughout it: carried, unless not
+// `carry`), and the peak of its small allocations, in whole chunks, as
+// pinned bytes.
+spillway::policy::StepModel step_model(const Analysis& a, uint64_t step, const ModelRules& r,
+                                       bool carry = true);
 
 struct Ideal {
   bool valid = false;
@@ -35,9 +37,20 @@ struct Ideal {
   // calls charged (handle_churn.h) at the given costs. Only with costs.
   spillway::policy::Plan handles;
   spillway::policy::HandleChurn churn;
+  // With `without_foresight`: the plan of the same step with nothing
+  // carried, every block live at its start on the device there and nothing
+  // moved for it in the step before. The cyclic plan may move, at the end
+  // of the step before, bytes for this one (a carried block's gap wraps);
+  // this one is what a plan made at the step's start, with the step's exact
+  // future but no sight of it before, could do (a job's first repeat, a
+  // two-step record's last step), and `fresh_unconstrained` its step with
+  // nothing moved.
+  spillway::policy::Plan fresh;
+  spillway::policy::Plan fresh_unconstrained;
 };
 
 Ideal ideal(const Analysis& a, uint64_t step, const ModelRules& r,
-            const spillway::policy::PlanOptions& o, const spillway::policy::VmmCallCosts& c = {});
+            const spillway::policy::PlanOptions& o, const spillway::policy::VmmCallCosts& c = {},
+            bool without_foresight = false);
 
 }  // namespace replay

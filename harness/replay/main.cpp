@@ -451,6 +451,12 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> ideal_bytes_by_step;
   uint64_t ideal_move_ns = 0;
   bool ideal_fits = true;
+  // The last step planned without foresight (ideal.h).
+  struct Fresh {
+    uint64_t ns = 0, bytes = 0;
+    bool fits = false;
+  };
+  std::optional<Fresh> fresh_last;
   if (!o.baseline_child && budget) {
     ModelRules rules;
     rules.launch_host_ns = env_u64("SIMCUDA_LAUNCH_NS", rules.launch_host_ns);
@@ -477,12 +483,18 @@ int main(int argc, char** argv) {
     calls.unmap_ns = simcuda_call_cost_ns("cuMemUnmap");
     calls.release_ns = simcuda_call_cost_ns("cuMemRelease");
     for (uint64_t s = 0; s < a.steps; ++s) {
-      const Ideal id = ideal(a, s, rules, po, calls);
+      const bool last = s + 1 == a.steps;
+      const Ideal id = ideal(a, s, rules, po, calls, last);
       if (!id.valid) continue;
       const uint64_t b = s < base.step_ns.size() ? base.step_ns[s] : base.median_step_ns;
       auto over = [&](const spillway::policy::Plan& p) {
         return p.step_ns > id.unconstrained.step_ns ? p.step_ns - id.unconstrained.step_ns : 0;
       };
+      if (last) {
+        const uint64_t free_ns = id.fresh_unconstrained.step_ns;
+        fresh_last = Fresh{b + (id.fresh.step_ns > free_ns ? id.fresh.step_ns - free_ns : 0),
+                           id.fresh.bytes_out + id.fresh.bytes_in, id.fresh.fits};
+      }
       const uint64_t extra = over(id.plan);
       ideal_ns.push_back(b + extra);
       if (calls.any()) {
@@ -558,6 +570,11 @@ int main(int argc, char** argv) {
     j["ideal_step_bytes_moved"] = ideal_bytes_by_step;
     j["ideal_move_host_ns"] = ideal_move_ns;
     j["ideal_fits"] = ideal_fits;
+    if (fresh_last) {
+      j["ideal_without_foresight_last_step_ns"] = fresh_last->ns;
+      j["ideal_without_foresight_last_step_bytes_moved"] = fresh_last->bytes;
+      j["ideal_without_foresight_fits"] = fresh_last->fits;
+    }
   }
   if (!handles_ns.empty()) {
     j["ideal_handles_step_times_ns"] = handles_ns;
@@ -638,6 +655,14 @@ int main(int argc, char** argv) {
           ideal_bytes ? static_cast<double>(d2h + h2d) / static_cast<double>(ideal_bytes) : 0.0,
           static_cast<double>(lower_bounds.back()) / 1e6,
           static_cast<double>(ideal_ns.back()) / static_cast<double>(lower_bounds.back()));
+    if (fresh_last && fresh_last->ns && !e.step_times().empty())
+      std::printf(
+          "  ideal without foresight (the last step planned with nothing carried from the step "
+          "before): %.3f ms, %.1f MiB moved%s; spillway/that: %.2fx\n",
+          static_cast<double>(fresh_last->ns) / 1e6,
+          static_cast<double>(fresh_last->bytes) / (1 << 20),
+          fresh_last->fits ? "" : " (its plan does not fit the budget)",
+          static_cast<double>(e.step_times().back()) / static_cast<double>(fresh_last->ns));
     if (!handles_ns.empty() && !e.step_times().empty())
       std::printf(
           "  ideal with exact-size handles (the same plan, its allocations' VMM calls charged): "

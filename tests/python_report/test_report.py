@@ -334,3 +334,20 @@ def test_runs_must_be_at_least_one(tiny, tmp_path):
         report.main(["--traces", str(tiny), "--runs", "0", "--out", str(tmp_path),
                      "--replay", str(REPLAY)])
     assert e.value.code == 2
+
+
+def test_the_last_step_against_the_ideal_without_foresight():
+    mib = 1 << 20
+    row = {"step_times_ns": [30, 12], "steps_in_record": 2, "oom": False,
+           "step_bytes_device_to_host": [5 * mib, 3 * mib],
+           "step_bytes_host_to_device": [1 * mib, 3 * mib],
+           "ideal_without_foresight_last_step_ns": 10,
+           "ideal_without_foresight_last_step_bytes_moved": 4 * mib,
+           "ideal_without_foresight_fits": True}
+    # The last step's 12 over 10; its 6 MiB moved over the plan's 4.
+    assert report.versus_fresh(row) == "1.20x, 1.50x"
+    assert report.versus_fresh({**row, "ideal_without_foresight_fits": False}) == \
+        "1.20x, 1.50x (does not fit)"
+    assert report.versus_fresh({**row, "oom": True}) == "-"
+    del row["ideal_without_foresight_last_step_ns"]  # a replayer before session 33
+    assert report.versus_fresh(row) == "-"

@@ -272,6 +272,51 @@ TEST_F(ReplayTest, TheCyclicBoundCountsOnlyBytesReadAgain) {
   }
 }
 
+// The ideal without foresight plans the last step with every block live at
+// its start on the device there. Here S (4 MiB, live throughout, read once
+// a step) cannot share the 12 MiB budget with A (10 MiB, made after the
+// step's first launch, used for 10 ms): the cyclic ideal evicts S in the
+// step before, after its read, and starts the step with it off; without
+// foresight S must leave before A is made, after that first launch, with
+// the link at 1 byte a nanosecond: about 4 ms more. Simulated time.
+TEST_F(ReplayTest, TheIdealWithoutForesightStartsWithTheCarriedBlocksOnTheDevice) {
+  SlowLink slow("1");
+  const std::string path = (dir_ / "carried.spwt").string();
+  {
+    Writer w;
+    ASSERT_TRUE(w.open(path, R"({"source":"test"})"));
+    ASSERT_TRUE(w.string(1, "k"));
+    uint64_t next = 1;
+    const uint64_t S = next++, t = next++;
+    ASSERT_TRUE(w.alloc(S, 4 * MiB, 0, 0));
+    ASSERT_TRUE(w.alloc(t, 4096, 0, 0));
+    auto launch = [&](uint64_t ns, std::vector<TouchRec> touches) {
+      return w.launch(0, 1, ns, touches);
+    };
+    ASSERT_TRUE(launch(10000, {{S, 0, 4 * MiB, kModeWrite}}));
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(w.step(step));
+      ASSERT_TRUE(launch(10000, {{t, 0, 4096, kModeReadWrite}}));
+      const uint64_t A = next++;
+      ASSERT_TRUE(w.alloc(A, 10 * MiB, 0, 0));
+      ASSERT_TRUE(launch(1'000'000, {{A, 0, 10 * MiB, kModeWrite}}));
+      for (int i = 0; i < 9; ++i) ASSERT_TRUE(launch(1'000'000, {{A, 0, 10 * MiB, kModeRead}}));
+      ASSERT_TRUE(w.free(A, 0));
+      ASSERT_TRUE(launch(10000, {{S, 0, 4 * MiB, kModeReadWrite}}));
+      for (int i = 0; i < 10; ++i) ASSERT_TRUE(launch(1'000'000, {{t, 0, 4096, kModeReadWrite}}));
+    }
+    ASSERT_TRUE(w.close()) << w.error();
+  }
+  Result r = replay({"--budget", std::to_string(12 * MiB), "--no-data"}, path);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const double cyclic = r.num("ideal_step_time_ns");
+  const double fresh = r.num("ideal_without_foresight_last_step_ns");
+  EXPECT_GE(fresh, cyclic + 3e6) << r.json;
+  EXPECT_EQ(r.num("ideal_without_foresight_last_step_bytes_moved"), 8.0 * MiB) << r.json;
+  EXPECT_TRUE(r.flag("ideal_without_foresight_fits")) << r.json;
+  EXPECT_NE(r.out.find("ideal without foresight"), std::string::npos) << r.out;
+}
+
 // At a budget equal to the unconstrained peak nothing needs to move: the
 // shim's background evictor stays idle until an allocation has had to evict
 // (the job has shown it does not fit), and releases cached blocks before
