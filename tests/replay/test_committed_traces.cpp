@@ -59,10 +59,17 @@ TEST_P(CommittedTrace, CompletesWithinTheBudgetAndKeepsEveryByte) {
   // With memory in handles of exact sizes the same plan costs its VMM calls
   // too (every driver call costs 500 ns by default): never less.
   EXPECT_GE(r.num("ideal_handles_step_time_ns"), r.num("ideal_step_time_ns")) << r.json;
+  // The last step planned without foresight (nothing carried from the step
+  // before) is reported beside the ideal.
+  EXPECT_GT(r.num("ideal_without_foresight_last_step_ns"), 0) << r.json;
   if (pct == 100) {
     EXPECT_EQ(r.num("bytes_device_to_host"), 0) << r.json;
     EXPECT_EQ(r.num("bytes_host_to_device"), 0) << r.json;
     EXPECT_EQ(r.num("min_bytes_moved"), 0) << r.json;
+    // Everything fits from the step's start: nothing to move without
+    // foresight either.
+    EXPECT_EQ(r.num("ideal_without_foresight_last_step_bytes_moved"), 0) << r.json;
+    EXPECT_TRUE(r.flag("ideal_without_foresight_fits")) << r.json;
   } else {
     EXPECT_GT(r.num("bytes_device_to_host"), 0) << r.json;
     EXPECT_GT(r.num("min_bytes_moved"), 0) << r.json;
