@@ -195,6 +195,11 @@ TABLE_HEAD = ("| trace | budget | strategy | steps | OOM | integrity | peak / bu
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 
 
+def bytes_ratio(moved: int, least: int | None) -> str:
+    """Bytes moved over a plan's: 1.00x where neither moves any."""
+    return f"{moved / least:.2f}x" if least else ("1.00x" if moved == 0 else "-")
+
+
 def versus_ideal(row: dict) -> str:
     """The last step over the ideal's, and the bytes moved over the ideal's
     (harness/README.md: the planner given the trace's exact future)."""
@@ -203,9 +208,7 @@ def versus_ideal(row: dict) -> str:
     least = row.get("min_bytes_moved")
     if not last or not ideal:
         return "-"
-    t = f"{last / ideal:.2f}x"
-    b = f"{moved / least:.2f}x" if least else ("1.00x" if moved == 0 else "-")
-    return f"{t}, {b}"
+    return f"{last / ideal:.2f}x, {bytes_ratio(moved, least)}"
 
 
 def versus_fresh(row: dict) -> str:
@@ -219,9 +222,8 @@ def versus_fresh(row: dict) -> str:
     moved = sum((row.get("step_bytes_device_to_host") or [0])[-1:]) + \
         sum((row.get("step_bytes_host_to_device") or [0])[-1:])
     least = row.get("ideal_without_foresight_last_step_bytes_moved")
-    b = f"{moved / least:.2f}x" if least else ("1.00x" if moved == 0 else "-")
     fits = "" if row.get("ideal_without_foresight_fits", True) else " (does not fit)"
-    return f"{last / fresh:.2f}x, {b}{fits}"
+    return f"{last / fresh:.2f}x, {bytes_ratio(moved, least)}{fits}"
 
 
 def ideal_over_bound(row: dict) -> str:

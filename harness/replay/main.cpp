@@ -487,18 +487,17 @@ int main(int argc, char** argv) {
       const Ideal id = ideal(a, s, rules, po, calls, last);
       if (!id.valid) continue;
       const uint64_t b = s < base.step_ns.size() ? base.step_ns[s] : base.median_step_ns;
-      auto over = [&](const spillway::policy::Plan& p) {
-        return p.step_ns > id.unconstrained.step_ns ? p.step_ns - id.unconstrained.step_ns : 0;
+      // A plan's stall: its step over the same model's with nothing moved.
+      auto over = [](const spillway::policy::Plan& p, const spillway::policy::Plan& none) {
+        return p.step_ns > none.step_ns ? p.step_ns - none.step_ns : 0;
       };
-      if (last) {
-        const uint64_t free_ns = id.fresh_unconstrained.step_ns;
-        fresh_last = Fresh{b + (id.fresh.step_ns > free_ns ? id.fresh.step_ns - free_ns : 0),
+      if (last)
+        fresh_last = Fresh{b + over(id.fresh, id.fresh_unconstrained),
                            id.fresh.bytes_out + id.fresh.bytes_in, id.fresh.fits};
-      }
-      const uint64_t extra = over(id.plan);
+      const uint64_t extra = over(id.plan, id.unconstrained);
       ideal_ns.push_back(b + extra);
       if (calls.any()) {
-        handles_ns.push_back(b + over(id.handles));
+        handles_ns.push_back(b + over(id.handles, id.unconstrained));
         last_churn = id.churn;
       }
       ideal_bytes_by_step.push_back(id.plan.bytes_out + id.plan.bytes_in);

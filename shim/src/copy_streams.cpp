@@ -114,19 +114,12 @@ void CopyStreams::reused(Block& b) {
 
 CUresult CopyStreams::wait_freed(Block& b) {
   if (b.unfenced && not_capturing(b.stream) == CUDA_SUCCESS) record_mark(b.stream);
-  if (const UseMark* m = mark_of(b, b.stream)) return wait_event(m->ev.get(), false);
-  return drain(b.stream);
+  return wait_uses(b);  // a cached block's users were waited for before its reuse
 }
 
 CUresult CopyStreams::query_freed(const Block& b) const {
   const UseMark* m = mark_of(b, b.stream);
   return m ? d_.cuEventQuery(m->ev.get()) : CUDA_ERROR_NOT_READY;
-}
-
-CUresult CopyStreams::order_after_freed(CUstream waiter, Block& b) {
-  if (const UseMark* m = mark_of(b, b.stream))
-    return CU_CALL(d_, cuStreamWaitEvent, waiter, m->ev.get(), 0);
-  return order_after(waiter, b.stream);
 }
 
 UseMark* CopyStreams::mark_of(const Block& b, CUstream s) const {

@@ -91,12 +91,12 @@ class CopyStreams {
   void reused(Block& b);
   // The host waits for the work queued on `b`'s stream before its free: its
   // fence, or, with none yet, one recorded now at that stream's tail and
-  // shared by every freed block waiting for one there.
+  // shared by every freed block waiting for one there. In stream order, a
+  // reuse on another stream waits for the same: order_after_uses (a cached
+  // block has no users left, its fence is its mark).
   CUresult wait_freed(Block& b);
   // Whether that work is known done (its fence has completed), not waiting.
   CUresult query_freed(const Block& b) const;
-  // `waiter` waits for the same in stream order.
-  CUresult order_after_freed(CUstream waiter, Block& b);
   // A prefetch's copy into `b` not yet swapped in (its mark on the H2D
   // stream), or null.
   const UseMark* arrival(const Block& b) const { return mark_of(b, h2d()); }

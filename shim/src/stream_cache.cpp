@@ -25,7 +25,7 @@ Block* StreamCache::take_large(size_t cap, size_t slack, CUstream stream, CopySt
   for (auto& [other, m] : large_) {
     if (other == stream) continue;
     if (Block* b = take_from(m)) {
-      if (streams.order_after_freed(stream, *b) == CUDA_SUCCESS) {
+      if (streams.order_after_uses(stream, *b) == CUDA_SUCCESS) {
         streams.reused(*b);
         return b;
       }
