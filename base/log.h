@@ -55,12 +55,21 @@ class Repeats {
 };
 
 template <class... A>
-void warn_repeated(Repeats& r, spdlog::format_string_t<A...> f, A&&... a) {
+void log_repeated(spdlog::level::level_enum level, Repeats& r, spdlog::format_string_t<A...> f,
+                  A&&... a) {
   const uint64_t n = r.next();
-  if (n == 1) get().warn(f, std::forward<A>(a)...);
+  if (n == 1) get().log(level, f, std::forward<A>(a)...);
   if (n > 1)
-    get().warn("{} (seen {} times; repeats are logged at powers of two)",
-               fmt::format(f, std::forward<A>(a)...), n);
+    get().log(level, "{} (seen {} times; repeats are logged at powers of two)",
+              fmt::format(f, std::forward<A>(a)...), n);
+}
+template <class... A>
+void warn_repeated(Repeats& r, spdlog::format_string_t<A...> f, A&&... a) {
+  log_repeated(spdlog::level::warn, r, f, std::forward<A>(a)...);
+}
+template <class... A>
+void error_repeated(Repeats& r, spdlog::format_string_t<A...> f, A&&... a) {
+  log_repeated(spdlog::level::err, r, f, std::forward<A>(a)...);
 }
 
 }  // namespace spillway::log

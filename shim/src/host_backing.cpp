@@ -158,8 +158,10 @@ class HostBacking final : public Backing {
     if (r != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       // A copy queued before the failure must end before the pieces are reused.
-      p_.streams.drain(d2h);
-      give_host(b);
+      if (CUresult w = p_.streams.drain(d2h); w != CUDA_SUCCESS)
+        keep_host(b, cu::describe(p_.d, w));
+      else
+        give_host(b);
       *failed = true;
       return Start::kFailed;
     }
@@ -184,7 +186,11 @@ class HostBacking final : public Backing {
       b->dev = 0;
       b->where = Block::Where::kHost;
     } else {
-      give_host(b);
+      // Not known to be copied: the copy may still be writing the pieces.
+      if (copied)
+        give_host(b);
+      else
+        keep_host(b, "the wait or query on it failed");
       b->where = Block::Where::kDevice;
     }
     return swapped;
@@ -218,11 +224,15 @@ class HostBacking final : public Backing {
     // staging mapping. The swap of mappings below needs the copy done, so
     // the host waits for it.
     const CUstream h2d = p_.streams.h2d();
-    if ((r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
-        (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS)
-      r = p_.streams.drain(h2d);
-    else
-      p_.streams.drain(h2d);  // pieces' copies queued before the failure end first
+    const bool ordered = (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS;
+    if (ordered) r = copy_from_host(b, stage, h2d);
+    // The copy, or the pieces' copies queued before its failure, must end
+    // before the handle is swapped in or given back.
+    if (CUresult w = ordered ? p_.streams.drain(h2d) : CUDA_SUCCESS; w != CUDA_SUCCESS) {
+      keep_device(b->cap, w);
+      log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(p_.d, w));
+      return w;
+    }
     const bool off = r == CUDA_SUCCESS && (b->unmapped || unmap_host(b));
     if (off && (r = map_rw(p_.d, b->ptr, b->cap, h, p_.device)) == CUDA_SUCCESS) {
       give_host(b);
@@ -259,8 +269,11 @@ class HostBacking final : public Backing {
         (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS && !(m = p_.streams.record_mark(h2d)))
       r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS) {
-      if (staged) p_.streams.drain(h2d);  // a copy queued before the failure must end first
-      p_.dev.give(h, b->cap);
+      // A copy queued before the failure must end first.
+      if (CUresult w = staged ? p_.streams.drain(h2d) : CUDA_SUCCESS; w != CUDA_SUCCESS)
+        keep_device(b->cap, w);
+      else
+        p_.dev.give(h, b->cap);
       log::warn("prefetch of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       return Start::kFailed;
     }
@@ -302,8 +315,8 @@ class HostBacking final : public Backing {
 
   void abort_prefetch(Block* b) override {
     // The copy reads the host copy and writes the device one: it ends first.
-    if (const UseMark* m = p_.streams.arrival(*b)) p_.streams.wait(*m);
-    drop_device_copy(b);
+    const UseMark* m = p_.streams.arrival(*b);
+    drop_device_copy(b, m ? p_.streams.wait(*m) : CUDA_SUCCESS);
   }
 
   bool release(Block* b) override {
@@ -401,6 +414,28 @@ class HostBacking final : public Backing {
         what, b->ptr, b->cap, b->where == Block::Where::kHost ? "host" : "device");
   }
 
+  // A copy that could not be waited for may still be writing this memory:
+  // it stays out of use, counted as held, rather than serve another block
+  // under that copy. (A driver that fails waits has failed for good, as a
+  // sticky error does; what it costs is room, never a byte.)
+  void keep_device(size_t cap, CUresult why) {
+    kept_ += cap;
+    log::error_repeated(kept_device_,
+                        "a copy into {} of device memory cannot be waited for ({}); that memory "
+                        "is kept out of use ({} kept so far)",
+                        format_bytes(cap), cu::describe(p_.d, why), format_bytes(kept_));
+  }
+  void keep_host(Block* b, const std::string& why) {
+    size_t n = 0;
+    for (const Block::HostPiece& piece : b->host) n += piece.size;
+    b->host.clear();
+    kept_ += n;
+    log::error_repeated(kept_host_,
+                        "the eviction copy of {:#x} cannot be waited for ({}); its {} of host "
+                        "memory are kept out of use ({} kept so far)",
+                        b->ptr, why, format_bytes(n), format_bytes(kept_));
+  }
+
   // The host pieces back to their pool, their staging mappings kept.
   void give_host(Block* b) {
     for (const Block::HostPiece& piece : b->host) host_.give(piece.h, piece.size);
@@ -485,17 +520,21 @@ class HostBacking final : public Backing {
     return for_each_live_range(b, 1, range);
   }
 
-  // kArriving -> kHost, its copy done: the device copy goes back to the
-  // pool (staged).
-  void drop_device_copy(Block* b) {
-    p_.dev.give(b->dev, b->cap);
+  // kArriving -> kHost: the device copy goes back to the pool (staged) once
+  // its copy is done (`waited`), else it is kept out of use.
+  void drop_device_copy(Block* b, CUresult waited = CUDA_SUCCESS) {
+    if (waited == CUDA_SUCCESS)
+      p_.dev.give(b->dev, b->cap);
+    else
+      keep_device(b->cap, waited);
     b->dev = 0;
     p_.streams.clear_mark(*b, p_.streams.h2d());
     b->where = Block::Where::kHost;
   }
 
   BackingParts p_;
-  log::Repeats host_full_, host_unavailable_;
+  log::Repeats host_full_, host_unavailable_, kept_device_, kept_host_;
+  uint64_t kept_ = 0;  // device and host bytes kept out of use (keep_device, keep_host)
   PhysPool host_;
   const bool evicts_;
 };

@@ -711,6 +711,52 @@ TEST_F(AllocatorTest, ARestoreFailingWhileItsLaunchWaitsLeavesTheBlockUsableFrom
   a->free(p, kSize, nullptr);
 }
 
+// Issue 15 item 2 (the fault matrix's cuEventSynchronize:N+ row lost bytes):
+// a copy whose end cannot be waited for may still be writing its
+// destination, so that memory must not serve another block. Here every
+// wait fails from a point on: an eviction's departure, then a restore's
+// copy. Each rolls back, and the host pieces and the device handle those
+// copies wrote stay out of the pools: the next eviction and the next restore
+// create memory (given back, they would have been taken again: no create),
+// and every byte stays.
+TEST_F(AllocatorTest, MemoryACopyCouldNotBeWaitedForIsNotReused) {
+  auto a = make(0);
+  constexpr size_t kSize = 4 * MiB;
+  void* p = moved_once(*a, 61);  // host pieces and a device handle pooled
+  ASSERT_NE(nullptr, p);
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  const spillway::Touch t{lo, lo + kSize};
+
+  ASSERT_CU(simcuda_fail_call("cuEventSynchronize", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  EXPECT_NE(CUDA_SUCCESS, a->evict(p));
+  simcuda_clear_faults();
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
+  check(p, kSize, 61, nullptr);
+  uint64_t creates = simcuda_call_count("cuMemCreate");
+  ASSERT_CU(a->evict(p));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+  EXPECT_EQ(creates + 1, simcuda_call_count("cuMemCreate")) << "new host memory for the eviction";
+
+  ASSERT_CU(simcuda_fail_call("cuEventSynchronize", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  spillway::Access acc;
+  acc.seq = 1;
+  a->before_use(acc, &t, 1);  // the restore's copy cannot be waited for
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+  check(p, kSize, 61, nullptr);  // the launch, through the host mapping
+  a->release(&t, 1);
+  simcuda_clear_faults();
+  creates = simcuda_call_count("cuMemCreate");
+  acc.seq = 2;
+  a->before_use(acc, &t, 1);
+  EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
+  EXPECT_EQ(creates + 1, simcuda_call_count("cuMemCreate")) << "a new device handle";
+  check(p, kSize, 61, nullptr);
+  a->release(&t, 1);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, mismatches());
+  a->free(p, kSize, nullptr);
+}
+
 // An eviction whose swap of mappings fails and whose rollback (the device
 // memory mapped back) fails too, as under a driver that refuses every access
 // grant from then on: the block keeps its bytes in device memory with
