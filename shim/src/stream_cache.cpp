@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "size.h"
+
 namespace spillway {
 
 Block* StreamCache::take_large(size_t cap, size_t slack, CUstream stream, CopyStreams& streams) {
@@ -61,21 +63,35 @@ uintptr_t StreamCache::take_spare(size_t n, CUstream stream, Block** owner) {
 }
 
 void StreamCache::give_later(Block* b, CUstream evicting_on) {
-  // Its eviction copy reads it: reusable only once that copy is done, so that
-  // a new owner's writes do not race it.
-  if (evicting_on) {
+  // Reusable once an event recorded now on each stream that may still touch
+  // it has completed: its eviction copy's (the copy reads it, and a new
+  // owner's writes must not race it), and each other stream that used it
+  // (PyTorch's record_stream, done for the user).
+  bool ordered = true;
+  auto after = [&](CUstream s) {
     Event e = take_event();
-    if (CU_CALL(d_, cuEventRecord, e.get(), evicting_on) == CUDA_SUCCESS)
+    if (e && CU_CALL(d_, cuEventRecord, e.get(), s) == CUDA_SUCCESS) {
       b->pending.push_back(std::move(e));
-  }
-  // Streams other than the allocation stream that used the block may still
-  // have work on it queued: it becomes reusable when events recorded on each
-  // of them now have completed (PyTorch's record_stream, done for the user).
-  for (CUstream u : b->users) {
-    Event e = take_event();
-    if (CU_CALL(d_, cuEventRecord, e.get(), u) == CUDA_SUCCESS) b->pending.push_back(std::move(e));
-  }
+      return;
+    }
+    ordered = false;
+    if (e) events_.push_back(std::move(e));
+  };
+  if (evicting_on) after(evicting_on);
+  for (CUstream u : b->users) after(u);
   b->users.clear();
+  if (!ordered) {
+    // That work can be neither waited for nor ordered after: the block is
+    // kept out of use rather than handed to a new owner under it.
+    for (Event& e : b->pending) events_.push_back(std::move(e));
+    b->pending.clear();
+    kept_bytes_ += b->cap;
+    log::error_repeated(kept_,
+                        "a freed block of {} cannot be ordered after the work queued on it (an "
+                        "event record failed); it is kept out of use ({} kept so far)",
+                        format_bytes(b->cap), format_bytes(kept_bytes_));
+    return;
+  }
   if (!b->pending.empty()) {
     pending_.push_back(b);
     return;

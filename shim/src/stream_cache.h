@@ -22,6 +22,7 @@
 #include "block.h"
 #include "block_table.h"
 #include "copy_streams.h"
+#include "log.h"
 #include "vmm.h"
 
 namespace spillway {
@@ -129,6 +130,9 @@ class StreamCache {
   std::map<CUstream, std::vector<Chunk*>> stream_chunks_;
   std::unordered_map<SmallKey, std::vector<Block*>, SmallKeyHash> small_;
   uint64_t small_bytes_ = 0;
+  // Freed blocks kept out of use (give_later): never reused nor released.
+  uint64_t kept_bytes_ = 0;
+  log::Repeats kept_;
 };
 
 }  // namespace spillway

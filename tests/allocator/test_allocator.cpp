@@ -1329,6 +1329,35 @@ TEST_F(AllocatorTest, ASplitBlocksRangeAnotherStreamUsedIsNotReusedEarly) {
   ASSERT_CU(cuStreamDestroy(other));
 }
 
+// Contract 3 when the event that would order a reuse after another
+// stream's work cannot be recorded (cuEventRecord failing from then on):
+// the freed block, still written by that stream's queued work, is kept out
+// of use, not handed to the next request under that work. (It was made
+// reusable at once: the next request of its size got it.)
+TEST_F(AllocatorTest, AFreedBlockWhoseUsesCannotBeOrderedAfterIsNotReused) {
+  CUstream other = nullptr;
+  ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  auto a = make(0);
+  constexpr size_t kSize = 4 * MiB;
+  void* p = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, p);
+  a->note_use(p, other);
+  queue_10ms(other);
+  fill(p, kSize, 43, other);
+  ASSERT_CU(simcuda_fail_call("cuEventRecord", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  a->free(p, kSize, nullptr);
+  simcuda_clear_faults();
+  void* q = a->malloc(kSize, nullptr);
+  ASSERT_NE(nullptr, q);
+  EXPECT_NE(p, q) << "the block was reused under the other stream's work";
+  fill(q, kSize, 44, nullptr);
+  check(q, kSize, 44, nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(0u, mismatches());
+  a->free(q, kSize, nullptr);
+  ASSERT_CU(cuStreamDestroy(other));
+}
+
 // Host memory stays mapped at a staging address of its own while spillway
 // holds it (vmm.h, staged pool): once a block's host memory is pooled, its
 // next eviction maps nothing to start its copy, and the swap is the block's
