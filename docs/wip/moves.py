@@ -3,7 +3,8 @@
 Needs a replay with docs/wip/victims-dump.patch applied (WIP_DUMP=PREFIX writes
 PREFIX.allocs.tsv, PREFIX.frees.tsv and PREFIX.ideal.tsv) and run with
 SPILLWAY_TRACE=PREFIX.shim.json --trace-out PREFIX.trace.json:
-  python3 docs/wip/moves.py compare PREFIX STEP   moved blocks, spillway's and the ideal's
+  python3 docs/wip/moves.py compare PREFIX STEP [ROWS]   moved blocks, spillway's and the ideal's
+                                                  (ROWS of each group listed, default 20)
   python3 docs/wip/moves.py timeline PREFIX STEP  gaps and moves in order, beside the ideal's
 Spillway's moves are matched to the record's allocations by address and time:
 the part of a split block at the block's address takes its whole move.
@@ -56,7 +57,7 @@ def spillway_moves(pre, span, who):
             yield e, who(int(e["args"]["block"], 16), e["ts"])
 
 
-def compare(pre, step):
+def compare(pre, step, rows=20):
     span, who, ideal, blocks, launches = load(pre, step)
     out, back = collections.Counter(), collections.Counter()
     for e, i in spillway_moves(pre, span, who):
@@ -65,13 +66,24 @@ def compare(pre, step):
     i_in = sum(m["bytes"] for ms in ideal.values() for m in ms if m["prefetch_at"] != NEVER)
     print(f"step {step}, {launches} launches: ideal {i_out / MiB:.1f} MiB out, {i_in / MiB:.1f} in, "
           f"{len(ideal)} blocks; spillway {sum(out.values()) / MiB:.1f} out, {sum(back.values()) / MiB:.1f} in, {len(out)} blocks")
-    kind = lambda i: "not in the model" if i not in blocks else ("carried" if blocks[i]["carried"] else "the step's")
+    def kind(i):
+        if i not in blocks:
+            return "not in the model"
+        b = blocks[i]
+        if b["carried"]:
+            return "carried"
+        # A block freed after the step's last launch: made in it, dead once
+        # its uses end (session 34: llama7b's gradients).
+        return "the step's, live on" if b["free"] == NEVER else (
+            "the step's, freed at its end" if b["free"] >= launches else "the step's, freed in it")
     for name, ids in (("both", set(ideal) & set(out)), ("spillway only", set(out) - set(ideal)), ("ideal only", set(ideal) - set(out))):
-        by = collections.Counter()
+        by = collections.defaultdict(lambda: [0, 0, 0])  # spillway out, in; the ideal's out
         for i in ids:
-            by[kind(i)] += out[i] if i in out else ideal[i][0]["bytes"]
-        print(f"  {name}: {len(ids)} blocks,", {k: f"{v / MiB:.1f} MiB" for k, v in by.items()})
-        for i in sorted(ids, key=lambda i: -(out[i] or ideal[i][0]["bytes"]))[:20]:
+            by[kind(i)][0] += out[i]
+            by[kind(i)][1] += back[i]
+            by[kind(i)][2] += sum(m["bytes"] for m in ideal.get(i, []))
+        print(f"  {name}: {len(ids)} blocks,", {k: f"spillway {v[0] / MiB:.1f} out / {v[1] / MiB:.1f} in, ideal {v[2] / MiB:.1f} out MiB" for k, v in by.items()})
+        for i in sorted(ids, key=lambda i: -(out[i] or ideal[i][0]["bytes"]))[:rows]:
             print(f"    {i} {blocks.get(i)} spillway out/in {out[i] / MiB:.1f}/{back[i] / MiB:.1f} MiB ideal {ideal.get(i)}")
 
 
@@ -86,6 +98,9 @@ def timeline(pre, step):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] not in ("compare", "timeline"):
+    if len(sys.argv) not in (4, 5) or sys.argv[1] not in ("compare", "timeline"):
         sys.exit(__doc__)
-    (compare if sys.argv[1] == "compare" else timeline)(sys.argv[2], int(sys.argv[3]))
+    if sys.argv[1] == "compare":
+        compare(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) == 5 else 20)
+    else:
+        timeline(sys.argv[2], int(sys.argv[3]))
