@@ -397,7 +397,8 @@ bool Allocator::try_free(void* ptr, size_t size, CUstream stream) {
   // A block freed during its eviction copy keeps its device copy.
   const bool evicting = b->where == Block::Where::kEvicting;
   if (evicting) b->cancel = true;
-  cache_.give(b, evicting ? streams_->d2h() : nullptr);
+  // Kept out of use, it waits for no fence and takes no mark.
+  if (!cache_.give(b, evicting ? streams_->d2h() : nullptr)) streams_->reused(*b);
   return true;
 }
 
@@ -619,8 +620,11 @@ size_t Allocator::finish_departed(size_t want, bool wait, const Block* until) {
   while (!evicting_.empty()) {
     Block* b = evicting_.front();
     const bool need = wait && (freed < want || (until && until->where == Block::Where::kEvicting));
-    const CUresult r = need ? streams_->wait_departure(*b) : streams_->departed(*b);
+    CUresult r = need ? streams_->wait_departure(*b) : streams_->departed(*b);
     if (r == CUDA_ERROR_NOT_READY) break;
+    // A query that fails says nothing of the copy: wait for it, else its
+    // host pieces would be kept out of use for a copy that may be done.
+    if (r != CUDA_SUCCESS && !need) r = streams_->wait_departure(*b);
     evicting_.pop_front();
     freed += finish_eviction(b, r == CUDA_SUCCESS);
   }

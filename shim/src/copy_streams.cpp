@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 namespace spillway {
 
@@ -46,14 +47,25 @@ CUresult CopyStreams::wait_uses(const Block& b) {
 CUresult CopyStreams::drain(CUstream s) {
   if (CUresult c = not_capturing(s); c != CUDA_SUCCESS) return c;
   CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
-  if (r == CUDA_SUCCESS) r = wait_event(ev_.get(), s == d2h() || s == h2d());
+  if (r == CUDA_SUCCESS) return wait_event(ev_.get(), s == d2h() || s == h2d());
+  // No event to wait for: the stream's own state says when its work is done.
+  // A failure path only, so the host polls; an error here is the answer.
+  while ((r = d_.cuStreamQuery(s)) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
   return r;
 }
 
 CUresult CopyStreams::wait_event(CUevent e, bool for_copies) {
-  if (!for_copies) return CU_CALL(d_, cuEventSynchronize, e);
+  // A wait that fails is asked again by query: memory a copy writes is
+  // reused only once its end is known (a sticky error fails both).
+  auto sync = [&] {
+    CUresult r = CU_CALL(d_, cuEventSynchronize, e);
+    if (r != CUDA_SUCCESS)
+      while ((r = d_.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
+    return r;
+  };
+  if (!for_copies) return sync();
   const auto t0 = std::chrono::steady_clock::now();
-  const CUresult r = CU_CALL(d_, cuEventSynchronize, e);
+  const CUresult r = sync();
   waited_ns_ += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count());

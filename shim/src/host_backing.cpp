@@ -149,8 +149,8 @@ class HostBacking final : public Backing {
     // The copy goes into the host pieces' staging mappings, on the D2H
     // stream, after the block's last use on each stream that used it.
     const CUstream d2h = p_.streams.d2h();
-    r = p_.streams.order_after_uses(d2h, *b);
-    if (r == CUDA_SUCCESS)
+    const bool ordered = (r = p_.streams.order_after_uses(d2h, *b)) == CUDA_SUCCESS;
+    if (ordered)
       r = for_each_copy(
           b, [&](const Block::HostPiece& piece, size_t in_piece, size_t off, size_t n) {
             return CU_CALL(p_.d, cuMemcpyDtoDAsync, piece.va + in_piece, b->ptr + off, n, d2h);
@@ -158,7 +158,7 @@ class HostBacking final : public Backing {
     if (r != CUDA_SUCCESS) {
       log::warn("eviction copy of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
       // A copy queued before the failure must end before the pieces are reused.
-      if (CUresult w = p_.streams.drain(d2h); w != CUDA_SUCCESS)
+      if (CUresult w = ordered ? p_.streams.drain(d2h) : CUDA_SUCCESS; w != CUDA_SUCCESS)
         keep_host(b, cu::describe(p_.d, w));
       else
         give_host(b);
@@ -229,7 +229,7 @@ class HostBacking final : public Backing {
     // The copy, or the pieces' copies queued before its failure, must end
     // before the handle is swapped in or given back.
     if (CUresult w = ordered ? p_.streams.drain(h2d) : CUDA_SUCCESS; w != CUDA_SUCCESS) {
-      keep_device(b->cap, w);
+      keep_device(h, b->cap, w);
       log::warn("restore of {:#x} failed: {}", b->ptr, cu::describe(p_.d, w));
       return w;
     }
@@ -264,14 +264,15 @@ class HostBacking final : public Backing {
     // After every use of the host copy seen so far (its marks, or the tails
     // of streams without one), as a restore's copy.
     CUresult r = p_.dev.stage(h, b->cap, &stage);
-    const bool staged = r == CUDA_SUCCESS;
-    if (staged && (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS &&
-        (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS && !(m = p_.streams.record_mark(h2d)))
+    const bool ordered =
+        r == CUDA_SUCCESS && (r = p_.streams.order_after_uses(h2d, *b)) == CUDA_SUCCESS;
+    if (ordered && (r = copy_from_host(b, stage, h2d)) == CUDA_SUCCESS &&
+        !(m = p_.streams.record_mark(h2d)))
       r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS) {
       // A copy queued before the failure must end first.
-      if (CUresult w = staged ? p_.streams.drain(h2d) : CUDA_SUCCESS; w != CUDA_SUCCESS)
-        keep_device(b->cap, w);
+      if (CUresult w = ordered ? p_.streams.drain(h2d) : CUDA_SUCCESS; w != CUDA_SUCCESS)
+        keep_device(h, b->cap, w);
       else
         p_.dev.give(h, b->cap);
       log::warn("prefetch of {:#x} failed: {}", b->ptr, cu::describe(p_.d, r));
@@ -347,6 +348,12 @@ class HostBacking final : public Backing {
       if (b->dev) p_.dev.give(b->dev, b->cap);
       give_host(b);
     }
+    // The context was synchronized first (~Allocator): memory kept out of
+    // use goes to the driver with the pools, never to another block.
+    for (const auto& [h, cap] : kept_dev_) p_.dev.give(h, cap);
+    for (const Block::HostPiece& piece : kept_host_) host_.give(piece.h, piece.size);
+    kept_dev_.clear();
+    kept_host_.clear();
   }
 
   size_t grow_host_reserve(size_t target, uint64_t host_budget,
@@ -418,19 +425,23 @@ class HostBacking final : public Backing {
   // it stays out of use, counted as held, rather than serve another block
   // under that copy. (A driver that fails waits has failed for good, as a
   // sticky error does; what it costs is room, never a byte.)
-  void keep_device(size_t cap, CUresult why) {
+  void keep_device(CUmemGenericAllocationHandle h, size_t cap, CUresult why) {
+    kept_dev_.emplace_back(h, cap);
     kept_ += cap;
-    log::error_repeated(kept_device_,
+    log::error_repeated(kept_device_log_,
                         "a copy into {} of device memory cannot be waited for ({}); that memory "
                         "is kept out of use ({} kept so far)",
                         format_bytes(cap), cu::describe(p_.d, why), format_bytes(kept_));
   }
   void keep_host(Block* b, const std::string& why) {
     size_t n = 0;
-    for (const Block::HostPiece& piece : b->host) n += piece.size;
+    for (const Block::HostPiece& piece : b->host) {
+      n += piece.size;
+      kept_host_.push_back(piece);
+    }
     b->host.clear();
     kept_ += n;
-    log::error_repeated(kept_host_,
+    log::error_repeated(kept_host_log_,
                         "the eviction copy of {:#x} cannot be waited for ({}); its {} of host "
                         "memory are kept out of use ({} kept so far)",
                         b->ptr, why, format_bytes(n), format_bytes(kept_));
@@ -526,15 +537,18 @@ class HostBacking final : public Backing {
     if (waited == CUDA_SUCCESS)
       p_.dev.give(b->dev, b->cap);
     else
-      keep_device(b->cap, waited);
+      keep_device(b->dev, b->cap, waited);
     b->dev = 0;
     p_.streams.clear_mark(*b, p_.streams.h2d());
     b->where = Block::Where::kHost;
   }
 
   BackingParts p_;
-  log::Repeats host_full_, host_unavailable_, kept_device_, kept_host_;
-  uint64_t kept_ = 0;  // device and host bytes kept out of use (keep_device, keep_host)
+  log::Repeats host_full_, host_unavailable_, kept_device_log_, kept_host_log_;
+  // Memory kept out of use (keep_device, keep_host), released at the end.
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> kept_dev_;
+  std::vector<Block::HostPiece> kept_host_;
+  uint64_t kept_ = 0;  // their bytes
   PhysPool host_;
   const bool evicts_;
 };

@@ -62,7 +62,7 @@ uintptr_t StreamCache::take_spare(size_t n, CUstream stream, Block** owner) {
   return best->spare.take(n);
 }
 
-void StreamCache::give_later(Block* b, CUstream evicting_on) {
+bool StreamCache::give_later(Block* b, CUstream evicting_on) {
   // Reusable once an event recorded now on each stream that may still touch
   // it has completed: its eviction copy's (the copy reads it, and a new
   // owner's writes must not race it), and each other stream that used it
@@ -90,13 +90,13 @@ void StreamCache::give_later(Block* b, CUstream evicting_on) {
                         "a freed block of {} cannot be ordered after the work queued on it (an "
                         "event record failed); it is kept out of use ({} kept so far)",
                         format_bytes(b->cap), format_bytes(kept_bytes_));
-    return;
+    return false;
   }
-  if (!b->pending.empty()) {
+  if (!b->pending.empty())
     pending_.push_back(b);
-    return;
-  }
-  make_reusable(b);
+  else
+    make_reusable(b);
+  return true;
 }
 
 void StreamCache::reuse_pending() {

@@ -37,10 +37,12 @@ class StreamCache {
   Block* take_large(size_t cap, size_t slack, CUstream stream, CopyStreams& streams);
   // A freed block: reusable now, or once the events recorded on the streams
   // that used it (and `evicting_on`, the copy stream, if its eviction copy is
-  // in flight) have completed.
-  void give(Block* b, CUstream evicting_on) {
+  // in flight) have completed. False if it is kept out of use instead (an
+  // event could not be recorded: give_later).
+  bool give(Block* b, CUstream evicting_on) {
     if (evicting_on || !b->users.empty()) return give_later(b, evicting_on);
     make_reusable(b);
+    return true;
   }
   // Split blocks (block.h) with spare ranges, by their stream: a request
   // of `n` bytes (a kSmallAlign multiple) takes the best fit among those of
@@ -109,7 +111,7 @@ class StreamCache {
     else
       small_[{b->stream, b->cap}].push_back(b);
   }
-  void give_later(Block* b, CUstream evicting_on);
+  bool give_later(Block* b, CUstream evicting_on);
   void reuse_pending();
   Event take_event();
   void flush_small();

@@ -712,13 +712,15 @@ TEST_F(AllocatorTest, ARestoreFailingWhileItsLaunchWaitsLeavesTheBlockUsableFrom
 }
 
 // Issue 15 item 2 (the fault matrix's cuEventSynchronize:N+ row lost bytes):
-// a copy whose end cannot be waited for may still be writing its
-// destination, so that memory must not serve another block. Here every
-// wait fails from a point on: an eviction's departure, then a restore's
-// copy. Each rolls back, and the host pieces and the device handle those
-// copies wrote stay out of the pools: the next eviction and the next restore
-// create memory (given back, they would have been taken again: no create),
-// and every byte stays.
+// a copy whose end cannot be known may still be writing its destination, so
+// that memory must not serve another block. A wait that fails is asked
+// again by query, so failed waits alone cost nothing; with the queries
+// failing too (as under a sticky error), an eviction's departure and then a
+// restore's copy cannot be waited for. Each rolls back, and the host pieces
+// and the device handle those copies wrote stay out of the pools: the next
+// eviction and the next restore create memory (given back, they would have
+// been taken again: no create), every byte stays, and the allocator's end
+// releases what was kept.
 TEST_F(AllocatorTest, MemoryACopyCouldNotBeWaitedForIsNotReused) {
   auto a = make(0);
   constexpr size_t kSize = 4 * MiB;
@@ -727,17 +729,31 @@ TEST_F(AllocatorTest, MemoryACopyCouldNotBeWaitedForIsNotReused) {
   const auto lo = reinterpret_cast<uintptr_t>(p);
   const spillway::Touch t{lo, lo + kSize};
 
+  // Every wait fails: each is asked again by query.
   ASSERT_CU(simcuda_fail_call("cuEventSynchronize", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  uint64_t creates = simcuda_call_count("cuMemCreate");
+  ASSERT_CU(a->evict(p));
+  EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
+  ASSERT_CU(a->restore(p, nullptr));
+  EXPECT_EQ(creates, simcuda_call_count("cuMemCreate")) << "pooled memory, as without failures";
+  simcuda_clear_faults();
+  check(p, kSize, 61, nullptr);
+
+  auto fail_waits = [] {
+    for (const char* call : {"cuEventSynchronize", "cuEventQuery", "cuStreamQuery"})
+      ASSERT_CU(simcuda_fail_call(call, 1, 1, CUDA_ERROR_INVALID_VALUE));
+  };
+  fail_waits();
   EXPECT_NE(CUDA_SUCCESS, a->evict(p));
   simcuda_clear_faults();
   EXPECT_EQ(Allocator::Residency::kDevice, a->residency(p));
   check(p, kSize, 61, nullptr);
-  uint64_t creates = simcuda_call_count("cuMemCreate");
+  creates = simcuda_call_count("cuMemCreate");
   ASSERT_CU(a->evict(p));
   EXPECT_EQ(Allocator::Residency::kHost, a->residency(p));
   EXPECT_EQ(creates + 1, simcuda_call_count("cuMemCreate")) << "new host memory for the eviction";
 
-  ASSERT_CU(simcuda_fail_call("cuEventSynchronize", 1, 1, CUDA_ERROR_INVALID_VALUE));
+  fail_waits();
   spillway::Access acc;
   acc.seq = 1;
   a->before_use(acc, &t, 1);  // the restore's copy cannot be waited for
@@ -755,6 +771,9 @@ TEST_F(AllocatorTest, MemoryACopyCouldNotBeWaitedForIsNotReused) {
   ASSERT_CU(cuCtxSynchronize());
   EXPECT_EQ(0u, mismatches());
   a->free(p, kSize, nullptr);
+  // Kept out of use, not lost: the allocator's end releases it with the rest.
+  a.reset();
+  EXPECT_EQ(simcuda_call_count("cuMemCreate"), simcuda_call_count("cuMemRelease"));
 }
 
 // An eviction whose swap of mappings fails and whose rollback (the device
