@@ -5,6 +5,18 @@
 #include <thread>
 
 namespace spillway {
+namespace {
+
+// Polls a query until it stops saying "not ready": the second way to learn
+// that work is done when a wait or a record failed (failure paths only).
+template <class Query>
+CUresult poll(Query&& query) {
+  CUresult r;
+  while ((r = query()) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
+  return r;
+}
+
+}  // namespace
 
 CUresult CopyStreams::not_capturing(CUstream s) const {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -46,22 +58,18 @@ CUresult CopyStreams::wait_uses(const Block& b) {
 
 CUresult CopyStreams::drain(CUstream s) {
   if (CUresult c = not_capturing(s); c != CUDA_SUCCESS) return c;
-  CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
+  const CUresult r = CU_CALL(d_, cuEventRecord, ev_.get(), s);
   if (r == CUDA_SUCCESS) return wait_event(ev_.get(), s == d2h() || s == h2d());
   // No event to wait for: the stream's own state says when its work is done.
-  // A failure path only, so the host polls; an error here is the answer.
-  while ((r = d_.cuStreamQuery(s)) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
-  return r;
+  return poll([&] { return d_.cuStreamQuery(s); });
 }
 
 CUresult CopyStreams::wait_event(CUevent e, bool for_copies) {
   // A wait that fails is asked again by query: memory a copy writes is
   // reused only once its end is known (a sticky error fails both).
   auto sync = [&] {
-    CUresult r = CU_CALL(d_, cuEventSynchronize, e);
-    if (r != CUDA_SUCCESS)
-      while ((r = d_.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) std::this_thread::yield();
-    return r;
+    const CUresult r = CU_CALL(d_, cuEventSynchronize, e);
+    return r == CUDA_SUCCESS ? r : poll([&] { return d_.cuEventQuery(e); });
   };
   if (!for_copies) return sync();
   const auto t0 = std::chrono::steady_clock::now();

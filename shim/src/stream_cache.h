@@ -132,7 +132,8 @@ class StreamCache {
   std::map<CUstream, std::vector<Chunk*>> stream_chunks_;
   std::unordered_map<SmallKey, std::vector<Block*>, SmallKeyHash> small_;
   uint64_t small_bytes_ = 0;
-  // Freed blocks kept out of use (give_later): never reused nor released.
+  // Bytes of freed blocks kept out of use (give_later): never reused; the
+  // allocator's end releases them with every other block.
   uint64_t kept_bytes_ = 0;
   log::Repeats kept_;
 };
