@@ -17,6 +17,7 @@ import lp_bound  # noqa: E402
 import spillway_record as st  # noqa: E402
 
 REPLAY = Path(os.environ.get("REPLAY_BIN_FOR_TESTS", REPO / "build" / "bin" / "spillway-replay"))
+SANITIZED = bool(os.environ.get("REPLAY_SANITIZE_FOR_TESTS"))
 MB = 55_000_000  # a millisecond of one copy engine at 55 GB/s (55 bytes/ns)
 
 
@@ -129,6 +130,7 @@ def test_the_command_refuses_a_bad_window(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not REPLAY.exists(), reason=f"{REPLAY} not built")
+@pytest.mark.skipif(SANITIZED, reason="a committed record's replay is for the plain build")
 def test_a_committed_records_bound_is_under_the_ideal_and_spillway(tmp_path):
     """resnet50's eight steps at 40%: the bound of its last half holds for
     any plan of the ideal's class (blocks in whole granules), so for the
