@@ -17,7 +17,7 @@ import lp_bound  # noqa: E402
 import spillway_record as st  # noqa: E402
 
 REPLAY = Path(os.environ.get("REPLAY_BIN_FOR_TESTS", REPO / "build" / "bin" / "spillway-replay"))
-SANITIZED = bool(os.environ.get("REPLAY_SANITIZE_FOR_TESTS"))
+SANITIZED = bool(os.environ.get("SPW_TEST_SANITIZE"))
 MB = 55_000_000  # a millisecond of one copy engine at 55 GB/s (55 bytes/ns)
 
 
